@@ -1,0 +1,1 @@
+"""Evals: benchmark loaders, scorers shared with training, harness and reports."""

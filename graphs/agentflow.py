@@ -1,0 +1,82 @@
+"""Build the AgentFlow graph: planner -> executor -> verifier -> (planner | generator)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from langgraph.graph import END, START, StateGraph
+
+from flowlearn.graphs.context import Context
+from flowlearn.graphs.routing import route_after_planner, route_after_verifier
+from flowlearn.graphs.state import InputState, State
+from flowlearn.nodes.executor import make_executor
+from flowlearn.nodes.generator import make_generator
+from flowlearn.nodes.planner import make_planner
+from flowlearn.nodes.policy import ChatModelPolicy, Policy
+from flowlearn.nodes.verifier import make_verifier
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.tools import BaseTool
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    from langgraph.graph.state import CompiledStateGraph
+
+
+def as_policy(planner: Policy | BaseChatModel) -> Policy:
+    """Return `planner` as a Policy, wrapping a plain chat model for inference-only use."""
+    from langchain_core.language_models import BaseChatModel
+
+    # Checked first: a chat model also has a `generate` method, so it passes the Policy check.
+    if isinstance(planner, BaseChatModel):
+        return ChatModelPolicy(planner)
+    if isinstance(planner, Policy):
+        return planner
+    raise TypeError(
+        f"planner must be a Policy (e.g. HFPolicy) or a LangChain BaseChatModel, "
+        f"got {type(planner).__name__}"
+    )
+
+
+def build_agentflow(
+    planner_policy: Policy | BaseChatModel,
+    engine: BaseChatModel,
+    tools: Sequence[BaseTool],
+    *,
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+    name: str = "agentflow",
+) -> CompiledStateGraph[State, Context, InputState, State]:
+    """Compile the four-agent AgentFlow graph.
+
+    Args:
+        planner_policy: The trainable planner; a plain chat model plans for inference only.
+        engine: The fixed chat model of the executor, verifier, generator and query analysis.
+        tools: LangChain tools the planner may choose from.
+        checkpointer: Optional checkpointer (e.g. `SqliteSaver`) for durable, resumable runs.
+        name: The compiled graph's name.
+
+    Raises:
+        ValueError: no tools, or two tools with the same name.
+
+    """
+    tools = list(tools)
+    if not tools:
+        raise ValueError("build_agentflow needs at least one tool; pass e.g. default_tools()")
+    names = [tool.name for tool in tools]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ValueError(f"tool names must be unique; {duplicated} appear more than once")
+
+    graph = StateGraph(State, context_schema=Context, input_schema=InputState)
+    graph.add_node(
+        "planner", make_planner(as_policy(planner_policy), tools, analysis_engine=engine)
+    )
+    graph.add_node("executor", make_executor(engine, tools))
+    graph.add_node("verifier", make_verifier(engine))
+    graph.add_node("generator", make_generator(engine))
+    graph.add_edge(START, "planner")
+    graph.add_conditional_edges("planner", route_after_planner)
+    graph.add_edge("executor", "verifier")
+    graph.add_conditional_edges("verifier", route_after_verifier)
+    graph.add_edge("generator", END)
+    return graph.compile(checkpointer=checkpointer, name=name)

@@ -1,0 +1,70 @@
+"""Run-scoped settings: a JSON-serializable dataclass passed as the graph's `context`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """Settings of one run, passed as `graph.invoke(inputs, context=Context(...))`.
+
+    Heavy objects (policy, chat models, tools) are bound when the graph is built, never here:
+    Studio shows this dataclass as a JSON form.
+    """
+
+    max_steps: int = field(
+        default=10,
+        metadata={"description": "Planner turns allowed (paper: 10 at inference, 3 in training)."},
+    )
+    max_seconds: float | None = field(
+        default=None, metadata={"description": "Wall-clock budget in seconds; None means no limit."}
+    )
+    planner_temperature: float = field(
+        default=0.7,
+        metadata={"description": "Sampling temperature of the planner policy (0 = greedy)."},
+    )
+    planner_top_p: float = field(
+        default=1.0, metadata={"description": "Nucleus sampling threshold of the planner policy."}
+    )
+    planner_max_new_tokens: int = field(
+        default=512, metadata={"description": "Most tokens the planner may write per turn."}
+    )
+    seed: int | None = field(
+        default=None, metadata={"description": "Seed for the planner's sampling; None = random."}
+    )
+    tools: tuple[str, ...] | None = field(
+        default=None,
+        metadata={"description": "Names of the bound tools to enable; None enables all of them."},
+    )
+    max_result_chars: int = field(
+        default=4000,
+        metadata={"description": "Tool results longer than this are cut in memory, with a marker."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError(f"max_seconds must be > 0 or None, got {self.max_seconds}")
+        if self.max_result_chars < 100:
+            raise ValueError(f"max_result_chars must be >= 100, got {self.max_result_chars}")
+        if self.tools is not None and not isinstance(self.tools, tuple):
+            object.__setattr__(self, "tools", tuple(self.tools))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the settings as a JSON-serializable dict."""
+        data = asdict(self)
+        if data["tools"] is not None:
+            data["tools"] = list(data["tools"])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Context:
+        """Build a context from a dict, rejecting unknown keys with the list of known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown context keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)

@@ -1,0 +1,37 @@
+"""The four agents as node factories, their prompts, parsers, policy protocol and tools."""
+
+from flowlearn.nodes.catalogue import describe_tool, render_catalogue
+from flowlearn.nodes.executor import make_executor
+from flowlearn.nodes.generator import make_generator
+from flowlearn.nodes.parsing import (
+    PlannerDecision,
+    extract_answer,
+    match_tool_name,
+    parse_planner_output,
+    parse_verdict,
+)
+from flowlearn.nodes.planner import make_planner
+from flowlearn.nodes.policy import ChatModelPolicy, Generation, Policy, Sampling
+from flowlearn.nodes.records import Plan, StepRecord, Transition
+from flowlearn.nodes.verifier import make_verifier
+
+__all__ = [
+    "ChatModelPolicy",
+    "Generation",
+    "Plan",
+    "PlannerDecision",
+    "Policy",
+    "Sampling",
+    "StepRecord",
+    "Transition",
+    "describe_tool",
+    "extract_answer",
+    "make_executor",
+    "make_generator",
+    "make_planner",
+    "make_verifier",
+    "match_tool_name",
+    "parse_planner_output",
+    "parse_verdict",
+    "render_catalogue",
+]

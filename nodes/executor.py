@@ -1,0 +1,148 @@
+"""The executor: the fixed engine fills in the tool's arguments, then the tool runs."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.messages import AIMessage
+from langchain_core.tools import BaseTool
+
+from flowlearn.nodes.catalogue import describe_tool, tool_arguments
+from flowlearn.nodes.messages import to_langchain
+from flowlearn.nodes.prompts import EXECUTOR_JSON_FALLBACK_PROMPT, EXECUTOR_PROMPT
+from flowlearn.nodes.records import ParseStatus, StepRecord
+from flowlearn.nodes.render import prompt_messages, transition, truncate
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+    from langgraph.runtime import Runtime
+
+    from flowlearn.graphs.context import Context
+    from flowlearn.graphs.state import State
+
+_JSON_DECODER = json.JSONDecoder()
+
+
+def _first_json_object(text: str) -> dict[str, Any] | None:
+    """Return the first JSON object embedded in `text`, or None."""
+    for start, char in enumerate(text):
+        if char != "{":
+            continue
+        try:
+            value, _ = _JSON_DECODER.raw_decode(text, start)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _single_argument_fallback(tool: BaseTool, text: str) -> dict[str, Any] | None:
+    """Use the model's plain text as the argument of a tool that takes one string."""
+    args = tool.args
+    if len(args) == 1:
+        ((name, spec),) = args.items()
+        if spec.get("type", "string") == "string" and text.strip():
+            return {name: text.strip()}
+    return None
+
+
+def propose_arguments(
+    engine: BaseChatModel, tool: BaseTool, messages: list[dict[str, str]]
+) -> tuple[dict[str, Any] | None, str, ParseStatus]:
+    """Ask the engine for the tool's arguments, by tool calling when it can, else by JSON.
+
+    Returns the arguments (None when none could be read), the raw output and a parse status.
+    Generated text is only ever parsed as data, never executed.
+    """
+    try:
+        bound = engine.bind_tools([tool], tool_choice=tool.name)
+    except (NotImplementedError, TypeError, ValueError):
+        bound = None
+    if bound is not None:
+        reply = bound.invoke(to_langchain(messages))
+        calls = reply.tool_calls if isinstance(reply, AIMessage) else []
+        for call in calls:
+            if call["name"] == tool.name:
+                return dict(call["args"]), json.dumps(call, default=str), "ok"
+        text = reply.text
+    else:
+        schema = json.dumps(tool_arguments(tool), ensure_ascii=False)
+        ask = EXECUTOR_JSON_FALLBACK_PROMPT.format(tool=tool.name, schema=schema)
+        fallback = [*messages, {"role": "user", "content": ask}]
+        text = engine.invoke(to_langchain(fallback)).text
+    arguments = _first_json_object(text) or _single_argument_fallback(tool, text)
+    return arguments, text, "ok" if arguments is not None else "format_error"
+
+
+def make_executor(
+    engine: BaseChatModel, tools: Sequence[BaseTool]
+) -> Callable[..., dict[str, Any]]:
+    """Build the executor node over the fixed engine and the bound tools."""
+    by_name = {tool.name: tool for tool in tools}
+
+    def executor(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+        from flowlearn.graphs.context import Context
+
+        context = runtime.context or Context()
+        plan = state.get("plan")
+        if plan is None:
+            raise ValueError(
+                "executor reached without a plan; route to it only after a parsed turn"
+            )
+        tool = by_name[plan["tool"]]
+        messages = prompt_messages(
+            EXECUTOR_PROMPT.format(
+                tool=tool.name,
+                question=state["question"],
+                context=plan["context"],
+                sub_goal=plan["sub_goal"],
+                tool_description=describe_tool(tool),
+            )
+        )
+        start = time.perf_counter()
+        arguments, raw, status = propose_arguments(engine, tool, messages)
+        call_seconds = time.perf_counter() - start
+        record: StepRecord = {
+            "step": plan["step"],
+            "kind": "action",
+            "sub_goal": plan["sub_goal"],
+            "context": plan["context"],
+            "tool": tool.name,
+            "arguments": arguments,
+            "result": None,
+            "error": None,
+        }
+        start = time.perf_counter()
+        if arguments is None:
+            record["error"] = f"the engine gave no usable arguments for {tool.name}: {raw[:200]!r}"
+        else:
+            try:
+                result = tool.invoke(arguments)
+                record["result"] = truncate(_as_text(result), context.max_result_chars)
+            except Exception as exc:  # a tool failure is data for the planner, not a crash
+                record["error"] = truncate(f"{type(exc).__name__}: {exc}", context.max_result_chars)
+        record["seconds"] = round(time.perf_counter() - start, 6)
+        return {
+            "memory": [record],
+            "transitions": [
+                transition("executor", plan["step"], messages, raw, status, call_seconds)
+            ],
+        }
+
+    return executor
+
+
+def _as_text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    content = getattr(result, "content", None)  # a ToolMessage
+    if isinstance(content, str):
+        return content
+    try:
+        return json.dumps(result, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(result)

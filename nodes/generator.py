@@ -1,0 +1,46 @@
+"""The generator: writes the final answer from memory and extracts it from its tags."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from flowlearn.nodes.parsing import extract_answer
+from flowlearn.nodes.prompts import GENERATOR_PROMPT
+from flowlearn.nodes.render import invoke_text, prompt_messages, render_memory, transition
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+
+    from flowlearn.graphs.state import State
+
+
+def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
+    """Build the generator node over the fixed engine."""
+
+    def generator(state: State) -> dict[str, Any]:
+        messages = prompt_messages(
+            GENERATOR_PROMPT.format(
+                question=state["question"],
+                analysis=state.get("analysis", ""),
+                memory=render_memory(state.get("memory", [])),
+            )
+        )
+        text, seconds = invoke_text(engine, messages)
+        answer, tagged = extract_answer(text)
+        started = state.get("started_at")
+        step = state.get("step", 0)
+        return {
+            "final_text": text,
+            "answer": answer,
+            "termination": state.get("termination"),
+            "seconds": round(time.time() - started, 6) if started is not None else 0.0,
+            "transitions": [
+                transition(
+                    "generator", step, messages, text, "ok" if tagged else "no_answer_tags", seconds
+                )
+            ],
+        }
+
+    return generator

@@ -1,0 +1,176 @@
+"""Tolerant parsers for model outputs: planner decisions, verdicts, answers, tool names.
+
+Small models write markdown bold, code fences, JSON, odd casing and repeated fields. Every parser
+here accepts all of those, never raises on any input, and reports what it could not find, so a
+malformed output becomes a recorded format error instead of a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+PLANNER_FIELDS = ("justification", "context", "sub_goal", "tool_name")
+
+_FIELD_NAMES = {
+    "justification": "justification",
+    "context": "context",
+    "sub goal": "sub_goal",
+    "subgoal": "sub_goal",
+    "tool name": "tool_name",
+    "tool": "tool_name",
+}
+# A field label at the start of a line, in any markdown dressing: "**Sub-Goal:**", "## Tool Name:",
+# "- sub_goal =", ...; the value runs until the next label.
+_LABEL = re.compile(
+    r"^[ \t>*_#`\-]*(justification|context|sub[\s_\-]*goal|tool[\s_\-]*name|tool)[ \t*_`]*[:=]"
+    r"[ \t*_`]*",
+    re.IGNORECASE | re.MULTILINE,
+)
+_FENCE = re.compile(r"```[a-zA-Z]*\n?|```")
+_JSON_OBJECT = re.compile(r"\{.*?\}", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class PlannerDecision:
+    """The four fields of a planner turn, and what went wrong if anything did."""
+
+    justification: str
+    context: str
+    sub_goal: str
+    tool_name: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the output parsed and named a tool."""
+        return self.error is None
+
+
+def _field_key(label: str) -> str:
+    words = re.sub(r"[\s_\-]+", " ", label.strip().lower())
+    return _FIELD_NAMES.get(words, _FIELD_NAMES.get(words.replace(" ", ""), words))
+
+
+def _clean(value: str) -> str:
+    value = _FENCE.sub("", value)
+    return value.strip().strip("*_`\"'").strip()
+
+
+def _from_json(text: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for match in _JSON_OBJECT.finditer(text):
+        try:
+            data = json.loads(match.group(0))
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        for key, value in data.items():
+            field = _field_key(str(key))
+            if field in PLANNER_FIELDS and isinstance(value, str | int | float):
+                found[field] = str(value).strip()
+    return found
+
+
+def _from_labels(text: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    matches = list(_LABEL.finditer(text))
+    for match, nxt in zip(matches, [*matches[1:], None], strict=False):
+        end = nxt.start() if nxt else len(text)
+        found[_field_key(match.group(1))] = _clean(text[match.end() : end])
+    return found
+
+
+def parse_planner_output(text: str) -> PlannerDecision:
+    r"""Parse `Justification / Context / Sub-Goal / Tool Name` from a planner output.
+
+    Labelled lines and JSON objects are both accepted; when a field appears more than once the
+    last occurrence wins (models often restate their plan). Never raises.
+
+    >>> parse_planner_output("**Sub-Goal:** add\n**Tool Name:** `python`").tool_name
+    'python'
+    """
+    text = text if isinstance(text, str) else str(text)
+    fields = {**_from_json(text), **_from_labels(_FENCE.sub("", text))}
+    tool = fields.get("tool_name", "").splitlines()[0].strip() if fields.get("tool_name") else ""
+    tool = tool.strip("*_`\"'[]().,;: ")
+    error = None
+    if not tool:
+        error = "no `Tool Name:` line found in the planner output"
+    elif not fields.get("sub_goal"):
+        error = "no `Sub-Goal:` line found in the planner output"
+    return PlannerDecision(
+        justification=fields.get("justification", ""),
+        context=fields.get("context", ""),
+        sub_goal=fields.get("sub_goal", ""),
+        tool_name=tool,
+        error=error,
+    )
+
+
+def normalize_tool_name(name: str) -> str:
+    """Fold case, spaces, dashes and underscores so `Web Search` matches `web_search`."""
+    return re.sub(r"[\s_\-]+", "", name).lower()
+
+
+def match_tool_name(name: str, available: Iterable[str]) -> str | None:
+    """Return the available tool that `name` refers to, or None.
+
+    Matching ignores case, spaces, dashes and underscores, and tolerates a trailing `_tool` /
+    ` tool` suffix either way.
+    """
+    wanted = normalize_tool_name(name)
+    if not wanted:
+        return None
+    names = list(available)
+    for candidate in names:
+        if normalize_tool_name(candidate) == wanted:
+            return candidate
+    stripped = wanted.removesuffix("tool")
+    for candidate in names:
+        if normalize_tool_name(candidate).removesuffix("tool") == stripped and stripped:
+            return candidate
+    return None
+
+
+_CONCLUSION = re.compile(r"conclusion[\s*_`#]*[:=]?[\s*_`\"']*(stop|continue)\b", re.IGNORECASE)
+_BARE_VERDICT = re.compile(r"\b(STOP|CONTINUE)\b")
+
+
+def parse_verdict(text: str) -> tuple[Literal["STOP", "CONTINUE"], bool]:
+    """Return the verifier's verdict and whether it was stated clearly.
+
+    A `Conclusion: STOP/CONTINUE` line wins (the last one); otherwise an upper-case STOP or
+    CONTINUE standing alone. Anything unclear means CONTINUE.
+    """
+    text = text if isinstance(text, str) else str(text)
+    labelled = _CONCLUSION.findall(text)
+    if labelled:
+        return ("STOP" if labelled[-1].upper() == "STOP" else "CONTINUE"), True
+    bare = set(_BARE_VERDICT.findall(text))
+    if len(bare) == 1:
+        return ("STOP" if bare == {"STOP"} else "CONTINUE"), True
+    return "CONTINUE", False
+
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+_OPEN_ANSWER = re.compile(r"<answer>(.*)$", re.IGNORECASE | re.DOTALL)
+
+
+def extract_answer(text: str) -> tuple[str, bool]:
+    """Return the text of the last `<answer>...</answer>` and whether the tags were found.
+
+    An unclosed `<answer>` yields what follows it; without tags the whole text is the answer.
+    """
+    text = text if isinstance(text, str) else str(text)
+    tagged = _ANSWER.findall(text)
+    if tagged:
+        return tagged[-1].strip(), True
+    opened = _OPEN_ANSWER.search(text)
+    if opened:
+        return opened.group(1).strip(), True
+    return text.strip(), False

@@ -1,0 +1,163 @@
+"""The planner: query analysis on its first visit, then one decision per turn."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.tools import BaseTool
+
+from flowlearn.nodes.catalogue import render_catalogue
+from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
+from flowlearn.nodes.policy import Generation, Policy, Sampling
+from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
+from flowlearn.nodes.records import ParseStatus
+from flowlearn.nodes.render import invoke_text, prompt_messages, render_memory, transition
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+    from langgraph.runtime import Runtime
+
+    from flowlearn.graphs.context import Context
+    from flowlearn.graphs.state import State
+
+
+def enabled_tools(tools: Sequence[BaseTool], names: Sequence[str] | None) -> list[BaseTool]:
+    """Return the bound tools that `names` enables (all of them when `names` is None).
+
+    Raises:
+        ValueError: a name that is not among the bound tools.
+
+    """
+    if names is None:
+        return list(tools)
+    by_name = {tool.name: tool for tool in tools}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise ValueError(
+            f"context.tools names {unknown}, which are not bound to this graph; "
+            f"bound tools are {sorted(by_name)}"
+        )
+    return [by_name[name] for name in names]
+
+
+def spent_budget(state: State, context: Context, now: float) -> str | None:
+    """Return why the budget is spent ("max_steps" or "max_seconds"), or None."""
+    if state.get("step", 0) >= context.max_steps:
+        return "max_steps"
+    started = state.get("started_at")
+    limit = context.max_seconds
+    if limit is not None and started is not None and now - started >= limit:
+        return "max_seconds"
+    return None
+
+
+def make_planner(
+    policy: Policy,
+    tools: Sequence[BaseTool],
+    *,
+    analysis_engine: BaseChatModel | None = None,
+) -> Callable[..., dict[str, Any]]:
+    """Build the planner node over a policy and the tools it may choose from.
+
+    Args:
+        policy: The trainable policy that writes each turn's decision.
+        tools: The tools bound to the graph; `Context.tools` may enable a subset per run.
+        analysis_engine: A chat model for the first-visit query analysis, as in the paper
+            (the fixed engine); when None the policy writes the analysis too.
+
+    """
+    tools = list(tools)
+
+    def analyze(question: str, catalogue: str, sampling: Sampling) -> tuple[str, dict[str, Any]]:
+        messages = prompt_messages(QUERY_ANALYSIS_PROMPT.format(question=question, tools=catalogue))
+        if analysis_engine is not None:
+            text, seconds = invoke_text(analysis_engine, messages)
+            return text, dict(transition("query_analysis", 0, messages, text, "ok", seconds))
+        gen = policy.generate(messages, sampling)
+        record = transition(
+            "query_analysis", 0, messages, gen.text, "ok", gen.seconds, **_policy_fields(gen)
+        )
+        return gen.text, dict(record)
+
+    def planner(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+        from flowlearn.graphs.context import Context
+
+        context = runtime.context or Context()
+        now = time.time()
+        started = state.get("started_at", now)
+        reason = spent_budget({**state, "started_at": started}, context, now)
+        if reason is not None:
+            return {"termination": reason, "plan": None}
+
+        available = enabled_tools(tools, context.tools)
+        catalogue = render_catalogue(available)
+        sampling = Sampling(
+            temperature=context.planner_temperature,
+            top_p=context.planner_top_p,
+            max_new_tokens=context.planner_max_new_tokens,
+            seed=context.seed,
+        )
+        update: dict[str, Any] = {"started_at": started, "transitions": []}
+        analysis = state.get("analysis")
+        if not analysis:
+            analysis, record = analyze(state["question"], catalogue, sampling)
+            update["analysis"] = analysis
+            update["transitions"].append(record)
+
+        step = state.get("step", 0) + 1
+        messages = prompt_messages(
+            PLANNER_PROMPT.format(
+                question=state["question"],
+                analysis=analysis,
+                tools=catalogue,
+                memory=render_memory(state.get("memory", [])),
+                step=step,
+                max_steps=context.max_steps,
+                tool_names=", ".join(tool.name for tool in available),
+            )
+        )
+        gen = policy.generate(messages, sampling)
+        decision = parse_planner_output(gen.text)
+        tool = match_tool_name(decision.tool_name, [t.name for t in available])
+        error = decision.error
+        status: ParseStatus = "ok" if error is None else "format_error"
+        if error is None and tool is None:
+            error = (
+                f"tool {decision.tool_name!r} is not available; "
+                f"choose one of {[t.name for t in available]}"
+            )
+            status = "unknown_tool"
+        update["step"] = step
+        update["transitions"].append(
+            transition(
+                "planner", step, messages, gen.text, status, gen.seconds, **_policy_fields(gen)
+            )
+        )
+        if error is not None or tool is None:
+            update["plan"] = None
+            update["memory"] = [
+                {"step": step, "kind": "format_error", "error": error, "result": gen.text[:500]}
+            ]
+            return update
+        update["plan"] = {
+            "step": step,
+            "justification": decision.justification,
+            "context": decision.context,
+            "sub_goal": decision.sub_goal,
+            "tool": tool,
+        }
+        return update
+
+    return planner
+
+
+def _policy_fields(gen: Generation) -> dict[str, Any]:
+    return {
+        "prompt_ids": gen.prompt_ids,
+        "completion_ids": gen.completion_ids,
+        "logprobs": gen.logprobs,
+        "policy_version": gen.policy_version,
+        "sampling": gen.sampling,
+    }

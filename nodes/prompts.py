@@ -1,0 +1,90 @@
+"""Every prompt template of the flow, in one place.
+
+The planner's templates are part of the training distribution: rollouts, evals and serving all
+render them from here, so a trained planner sees at inference exactly what it saw in training.
+Templates use `str.format` fields; a test renders each with its declared fields.
+"""
+
+from __future__ import annotations
+
+SYSTEM_PROMPT = "You are a careful assistant that solves problems step by step with tools."
+
+QUERY_ANALYSIS_PROMPT = """\
+Analyze the question below before anyone tries to answer it.
+
+Question: {question}
+
+Available tools:
+{tools}
+
+In a few sentences, say: the goal of the question, the skills it needs, which of the available
+tools are relevant and why, and any details worth remembering. Do not answer the question."""
+
+PLANNER_PROMPT = """\
+Decide the single next step towards answering the question.
+
+Question: {question}
+
+Query analysis:
+{analysis}
+
+Available tools:
+{tools}
+
+Memory of previous steps:
+{memory}
+
+This is step {step} of at most {max_steps}.
+
+Reply in exactly this format, one field per line:
+Justification: <why this step is the right one now>
+Context: <every fact from the question and memory the tool needs>
+Sub-Goal: <the specific goal of this step>
+Tool Name: <exactly one of: {tool_names}>"""
+
+EXECUTOR_PROMPT = """\
+Call the tool `{tool}` to achieve the sub-goal below. Fill in its arguments completely; the tool
+cannot see the question or the memory, only the arguments you give it.
+
+Question: {question}
+Context: {context}
+Sub-Goal: {sub_goal}
+
+Tool description:
+{tool_description}"""
+
+EXECUTOR_JSON_FALLBACK_PROMPT = """\
+Reply with only a JSON object holding the arguments of `{tool}`, matching this schema:
+{schema}"""
+
+VERIFIER_PROMPT = """\
+Judge whether the memory below already holds enough to answer the question.
+
+Question: {question}
+
+Query analysis:
+{analysis}
+
+Memory of previous steps:
+{memory}
+
+Write a short analysis: is the question fully answered by the memory, are the tool results
+consistent and trustworthy, is anything missing? Then end with exactly one line:
+Conclusion: STOP    (if the memory is enough to answer)
+Conclusion: CONTINUE    (if more steps are needed)"""
+
+GENERATOR_PROMPT = """\
+Answer the question using the memory of the steps taken.
+
+Question: {question}
+
+Query analysis:
+{analysis}
+
+Memory of previous steps:
+{memory}
+
+Explain briefly how the memory leads to the answer, then give the final answer between
+<answer> and </answer>, with nothing else inside the tags."""
+
+EMPTY_MEMORY = "(no steps yet)"

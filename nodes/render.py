@@ -1,0 +1,80 @@
+"""Render shared memory into prompt text, and build prompt messages and transitions."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from flowlearn.nodes.messages import to_langchain
+from flowlearn.nodes.prompts import EMPTY_MEMORY, SYSTEM_PROMPT
+from flowlearn.nodes.records import ParseStatus, StepRecord, Transition
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+
+
+def render_memory(memory: Sequence[StepRecord]) -> str:
+    """Render step records as numbered lines the agents can read."""
+    if not memory:
+        return EMPTY_MEMORY
+    lines = []
+    for record in memory:
+        kind = record["kind"]
+        head = f"Step {record['step']}"
+        if kind == "action":
+            arguments = json.dumps(record.get("arguments"), ensure_ascii=False, default=str)
+            outcome = (
+                f"Error: {record.get('error')}" if record.get("error") else record.get("result")
+            )
+            lines.append(
+                f"{head} (tool {record.get('tool')}):\n  Sub-Goal: {record.get('sub_goal', '')}\n"
+                f"  Arguments: {arguments}\n  Result: {outcome}"
+            )
+        elif kind == "format_error":
+            lines.append(f"{head}: the planner's output could not be used ({record.get('error')}).")
+        else:
+            lines.append(f"{head} verification: {record.get('verdict')}")
+    return "\n".join(lines)
+
+
+def prompt_messages(user: str) -> list[dict[str, str]]:
+    """Return the system and user messages of a prompt."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def transition(
+    node: str,
+    turn: int,
+    messages: list[dict[str, str]],
+    output: str,
+    parse_status: ParseStatus,
+    seconds: float,
+    **policy_fields: Any,
+) -> Transition:
+    """Build a transition record; `policy_fields` adds token ids and logprobs where known."""
+    record: Transition = {
+        "node": node,
+        "turn": turn,
+        "messages": messages,
+        "output": output,
+        "parse_status": parse_status,
+        "seconds": round(seconds, 6),
+    }
+    record.update(policy_fields)  # type: ignore[typeddict-item]
+    return record
+
+
+def invoke_text(engine: BaseChatModel, messages: list[dict[str, str]]) -> tuple[str, float]:
+    """Call a chat model and return its text and the seconds it took."""
+    start = time.perf_counter()
+    reply = engine.invoke(to_langchain(messages))
+    return reply.text, time.perf_counter() - start
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut `text` to `limit` characters with a visible marker saying how much was dropped."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... truncated {len(text) - limit} characters]"

@@ -1,0 +1,45 @@
+"""The verifier: judges whether memory answers the question, and stores its verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from flowlearn.nodes.parsing import parse_verdict
+from flowlearn.nodes.prompts import VERIFIER_PROMPT
+from flowlearn.nodes.render import invoke_text, prompt_messages, render_memory, transition
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+
+    from flowlearn.graphs.state import State
+
+
+def make_verifier(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
+    """Build the verifier node over the fixed engine."""
+
+    def verifier(state: State) -> dict[str, Any]:
+        step = state.get("step", 0)
+        messages = prompt_messages(
+            VERIFIER_PROMPT.format(
+                question=state["question"],
+                analysis=state.get("analysis", ""),
+                memory=render_memory(state.get("memory", [])),
+            )
+        )
+        text, seconds = invoke_text(engine, messages)
+        verdict, clear = parse_verdict(text)
+        update: dict[str, Any] = {
+            "verdict": verdict,
+            "memory": [
+                {"step": step, "kind": "verification", "analysis": text, "verdict": verdict}
+            ],
+            "transitions": [
+                transition("verifier", step, messages, text, "ok" if clear else "unclear", seconds)
+            ],
+        }
+        if verdict == "STOP":
+            update["termination"] = "verifier_stop"
+        return update
+
+    return verifier

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+from fakes import FakeChatModel, ScriptedPolicy, plan
+from flowlearn.graphs import Context
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def test_variant_without_verifier_runs_with_fakes() -> None:
+    module = runpy.run_path(str(EXAMPLES / "planner_without_verifier.py"))
+    engine = FakeChatModel(
+        respond=lambda m, tools: (
+            FakeChatModel(default_args={"a": 2, "b": 5})
+            ._generate(m, tools=tools)
+            .generations[0]
+            .message
+            if tools
+            else "<answer>10</answer>"
+        )
+    )
+    graph = module["build_graph"](ScriptedPolicy([plan("multiply")]), engine, [module["multiply"]])
+    state = graph.invoke({"question": "2*5?"}, context=Context(max_steps=2))
+    assert "verifier" not in graph.get_graph().nodes
+    assert [r["kind"] for r in state["memory"]] == ["action", "action"]
+    assert state["answer"] == "10" and state["termination"] == "max_steps"
+
+
+def test_example_script_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "planner_without_verifier.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "answer: 391 | termination: max_steps" in out

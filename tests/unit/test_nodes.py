@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage
+from langchain_core.tools import tool
+
+from fakes import FakeChatModel, ScriptedPolicy, plan
+from flowlearn.graphs import Context
+from flowlearn.nodes import make_executor, make_generator, make_planner, make_verifier
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+def broken(query: str) -> str:
+    """Always fails."""
+    raise RuntimeError("backend down")
+
+
+def runtime(**kwargs: Any) -> Any:
+    return SimpleNamespace(context=Context(**kwargs))
+
+
+def test_planner_first_visit_analyses_then_plans() -> None:
+    policy = ScriptedPolicy([plan("Add", sub_goal="add 2 and 3")])
+    engine = FakeChatModel(text="Goal: add numbers.")
+    node = make_planner(policy, [add], analysis_engine=engine)
+    update = node({"question": "2+3?"}, runtime())
+    assert update["analysis"] == "Goal: add numbers."
+    assert update["step"] == 1
+    assert update["plan"]["tool"] == "add"
+    assert update["plan"]["sub_goal"] == "add 2 and 3"
+    analysis, turn = update["transitions"]
+    assert analysis["node"] == "query_analysis"
+    assert turn["node"] == "planner" and turn["parse_status"] == "ok"
+    assert turn["completion_ids"] and len(turn["logprobs"]) == len(turn["completion_ids"])
+    assert turn["sampling"]["temperature"] == 0.7
+    assert "add: Add two integers." in policy.calls[0][-1]["content"]
+
+
+def test_planner_unknown_tool_is_a_recorded_format_error() -> None:
+    node = make_planner(ScriptedPolicy(["nonsense", plan("teleport")]), [add])
+    first = node({"question": "q", "analysis": "a"}, runtime())
+    assert first["plan"] is None and first["step"] == 1
+    assert first["memory"][0]["kind"] == "format_error"
+    assert first["transitions"][0]["parse_status"] == "format_error"
+    second = node({"question": "q", "analysis": "a", "step": 1}, runtime())
+    assert second["transitions"][0]["parse_status"] == "unknown_tool"
+    assert "teleport" in second["memory"][0]["error"]
+
+
+def test_planner_only_offers_enabled_tools() -> None:
+    policy = ScriptedPolicy([plan("add")])
+    node = make_planner(policy, [add, broken])
+    update = node({"question": "q", "analysis": "a"}, runtime(tools=("broken",)))
+    assert update["plan"] is None  # `add` is bound but not enabled in this run
+    assert "add:" not in policy.calls[0][-1]["content"]
+    with pytest.raises(ValueError, match="not bound"):
+        node({"question": "q", "analysis": "a"}, runtime(tools=("nope",)))
+
+
+def test_planner_spent_budget_skips_the_policy() -> None:
+    policy = ScriptedPolicy([plan("add")])
+    node = make_planner(policy, [add])
+    assert node({"question": "q", "step": 2}, runtime(max_steps=2)) == {
+        "termination": "max_steps",
+        "plan": None,
+    }
+    assert policy.calls == []
+
+
+def test_executor_runs_tool_with_engine_arguments() -> None:
+    engine = FakeChatModel(default_args={"a": 2, "b": 3})
+    node = make_executor(engine, [add])
+    state = {
+        "question": "q",
+        "plan": {"step": 1, "justification": "", "context": "c", "sub_goal": "add", "tool": "add"},
+    }
+    update = node(state, runtime())
+    record = update["memory"][0]
+    assert record["arguments"] == {"a": 2, "b": 3}
+    assert record["result"] == "5" and record["error"] is None
+    assert record["seconds"] >= 0
+    assert update["transitions"][0]["node"] == "executor"
+
+
+def test_executor_reads_json_when_engine_has_no_tool_call() -> None:
+    engine = FakeChatModel(respond=lambda m, t: 'Sure: {"a": 1, "b": 1}')
+    node = make_executor(engine, [add])
+    state = {
+        "question": "q",
+        "plan": {"step": 1, "justification": "", "context": "", "sub_goal": "add", "tool": "add"},
+    }
+    assert node(state, runtime())["memory"][0]["result"] == "2"
+
+
+def test_executor_tool_exception_becomes_error_record() -> None:
+    engine = FakeChatModel(default_args={"query": "x"})
+    node = make_executor(engine, [broken])
+    state = {
+        "question": "q",
+        "plan": {"step": 1, "justification": "", "context": "", "sub_goal": "s", "tool": "broken"},
+    }
+    record = node(state, runtime())["memory"][0]
+    assert record["result"] is None
+    assert record["error"] == "RuntimeError: backend down"
+
+
+def test_executor_unusable_arguments_are_recorded() -> None:
+    engine = FakeChatModel(respond=lambda m, t: AIMessage(content="no idea"))
+    node = make_executor(engine, [add])
+    state = {
+        "question": "q",
+        "plan": {"step": 1, "justification": "", "context": "", "sub_goal": "s", "tool": "add"},
+    }
+    update = node(state, runtime())
+    assert "no usable arguments" in update["memory"][0]["error"]
+    assert update["transitions"][0]["parse_status"] == "format_error"
+
+
+@pytest.mark.parametrize(
+    ("text", "verdict", "status"),
+    [("All found.\nConclusion: STOP", "STOP", "ok"), ("hmm", "CONTINUE", "unclear")],
+)
+def test_verifier_stores_verdict_in_memory(text: str, verdict: str, status: str) -> None:
+    update = make_verifier(FakeChatModel(text=text))({"question": "q", "step": 1})
+    assert update["verdict"] == verdict
+    assert update["memory"][0] == {
+        "step": 1,
+        "kind": "verification",
+        "analysis": text,
+        "verdict": verdict,
+    }
+    assert update["transitions"][0]["parse_status"] == status
+    assert ("termination" in update) == (verdict == "STOP")
+
+
+def test_generator_extracts_answer() -> None:
+    text = "17*23 is 391. <answer>391</answer>"
+    update = make_generator(FakeChatModel(text=text))({"question": "q", "started_at": 0.0})
+    assert update["final_text"] == text and update["answer"] == "391"
+    untagged = make_generator(FakeChatModel(text="391"))({"question": "q"})
+    assert untagged["answer"] == "391"
+    assert untagged["transitions"][0]["parse_status"] == "no_answer_tags"

@@ -1,0 +1,1 @@
+"""Training: trajectories, rollout collection, rewards, Flow-GRPO batches and the trainer."""
