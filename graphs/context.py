@@ -48,6 +48,16 @@ class Context:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise ValueError(f"max_seconds must be > 0 or None, got {self.max_seconds}")
+        if self.planner_temperature < 0:
+            raise ValueError(
+                f"planner temperature must be >= 0 (0 = greedy), got {self.planner_temperature}"
+            )
+        if not 0 < self.planner_top_p <= 1:
+            raise ValueError(f"planner top_p must be in (0, 1], got {self.planner_top_p}")
+        if self.planner_max_new_tokens < 1:
+            raise ValueError(
+                f"planner_max_new_tokens must be >= 1, got {self.planner_max_new_tokens}"
+            )
         if self.max_result_chars < 100:
             raise ValueError(f"max_result_chars must be >= 100, got {self.max_result_chars}")
         if self.tools is not None and not isinstance(self.tools, tuple):

