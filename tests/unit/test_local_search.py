@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeChatModel
+from flowlearn.nodes.tools import default_tools, local_search_tool
+from flowlearn.nodes.tools.local_search import load_index
+
+DOCS = [
+    {"id": "d1", "title": "Paris", "text": "Paris is the capital and largest city of France."},
+    {"id": "d2", "title": "Berlin", "text": "Berlin is the capital of Germany."},
+    {"id": "d3", "title": "Lyon", "text": "Lyon is a city in France known for its cuisine."},
+]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("\n".join(json.dumps(d) for d in DOCS) + "\n")
+    return path
+
+
+def test_known_query_returns_known_passage_first(corpus: Path) -> None:
+    out = local_search_tool(corpus, k=2).invoke({"query": "capital of France"})
+    assert out.startswith("[1] (id: d1) Paris")
+    assert "[2]" in out and "[3]" not in out
+
+
+def test_index_is_built_once_and_rebuilt_when_file_changes(corpus: Path) -> None:
+    first = load_index(corpus)
+    assert load_index(corpus) is first
+    corpus.write_text(corpus.read_text() + json.dumps({"id": "d4", "text": "Rome"}) + "\n")
+    assert len(load_index(corpus).passages) == 4
+
+
+def test_no_match_and_bad_corpus(corpus: Path, tmp_path: Path) -> None:
+    assert local_search_tool(corpus).invoke({"query": "zebra"}) == "No passage matches the query."
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        local_search_tool(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "text": "ok"}\n{"title": "no id"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a JSON object with 'id'"):
+        local_search_tool(bad)
+
+
+def test_default_tools_add_local_search_for_a_corpus(
+    corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = FakeChatModel()
+    assert [t.name for t in default_tools(engine)] == ["python", "generalist"]
+    monkeypatch.setenv("FLOWLEARN_CORPUS", str(corpus))
+    assert [t.name for t in default_tools(engine)][-1] == "local_search"
