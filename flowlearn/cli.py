@@ -36,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-max-new-tokens", type=int, default=384, help="engine tokens per call (384)"
     )
     run.add_argument("--tools", help="comma-separated tool names to enable (default: all)")
+    run.add_argument("--corpus", help="JSONL corpus for the local_search tool ($FLOWLEARN_CORPUS)")
+    run.add_argument(
+        "--web",
+        action="store_true",
+        help="add wikipedia_search and web_search (needs TAVILY_API_KEY)",
+    )
     run.add_argument("--seed", type=int, help="seed for the planner's sampling")
     run.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
     run.add_argument("--dtype", help="float32, bfloat16, ... (default: bf16 on CUDA, else fp32)")
@@ -70,6 +76,8 @@ def run_command(args: argparse.Namespace) -> int:
         )
         if args.save is not None and args.save.is_dir():
             raise ValueError(f"--save {args.save} is a folder; give a .jsonl file path")
+        if args.corpus is not None and not Path(args.corpus).is_file():
+            raise ValueError(f"--corpus {args.corpus} is not a file; give a JSONL corpus")
         models = load_local_models(
             args.planner,
             args.engine,
@@ -80,7 +88,11 @@ def run_command(args: argparse.Namespace) -> int:
     except (ValueError, ModelNotFoundError) as exc:
         print(f"flowlearn run: error: {exc}", file=sys.stderr)
         return 2
-    tools = default_tools(models.engine)
+    try:
+        tools = default_tools(models.engine, corpus=args.corpus, web=args.web or None)
+    except ValueError as exc:
+        print(f"flowlearn run: error: {exc}", file=sys.stderr)
+        return 2
     names = {tool.name for tool in tools}
     unknown = sorted(set(context.tools or ()) - names)
     if unknown:

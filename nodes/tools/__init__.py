@@ -10,16 +10,24 @@ from langchain_core.tools import BaseTool
 from flowlearn.nodes.tools.generalist import generalist_tool
 from flowlearn.nodes.tools.local_search import local_search_tool
 from flowlearn.nodes.tools.python_sandbox import python_coder_tool, python_tool, run_python
+from flowlearn.nodes.tools.web_search import web_search_tool
+from flowlearn.nodes.tools.wikipedia import wikipedia_tool
 
 
 def default_tools(
-    engine: Any, *, corpus: str | None = None, python_timeout: float = 10.0
+    engine: Any,
+    *,
+    corpus: str | None = None,
+    web: bool | None = None,
+    python_timeout: float = 10.0,
 ) -> list[BaseTool]:
-    """Return the offline default tools: `python`, `generalist` and, given a corpus, `local_search`.
+    """Return the default tools: offline ones always, web ones when asked.
 
     Args:
         engine: the fixed chat model the generalist calls.
         corpus: a JSONL corpus for `local_search`; defaults to `$FLOWLEARN_CORPUS` when set.
+        web: add `wikipedia_search` and `web_search` (which needs `$TAVILY_API_KEY`);
+            defaults to `$FLOWLEARN_WEB_TOOLS` being "1".
         python_timeout: wall-clock seconds allowed per `python` call.
 
     """
@@ -27,6 +35,8 @@ def default_tools(
     corpus = corpus or os.environ.get("FLOWLEARN_CORPUS")
     if corpus:
         tools.append(local_search_tool(corpus))
+    if web if web is not None else os.environ.get("FLOWLEARN_WEB_TOOLS") == "1":
+        tools += [wikipedia_tool(), web_search_tool()]
     return tools
 
 
@@ -37,4 +47,6 @@ __all__ = [
     "python_coder_tool",
     "python_tool",
     "run_python",
+    "web_search_tool",
+    "wikipedia_tool",
 ]

@@ -52,11 +52,18 @@ def test_run_streams_steps_and_saves_a_token_faithful_trajectory(
         (["--max-steps", "0"], "max_steps must be >= 1"),
         (["--tools", "python,teleport"], "unknown tools ['teleport']"),
         (["--temperature", "-1"], "planner temperature must be >= 0"),
+        (["--corpus", "/nonexistent.jsonl"], "is not a file"),
+        (["--web"], "TAVILY_API_KEY"),
     ],
 )
 def test_run_bad_input_is_a_clear_error(
-    tiny_model_dir: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    tiny_model_dir: Path,
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv("TAVILY_API_KEY", raising=False)
     if "--planner" not in argv:
         argv = [*argv, "--planner", str(tiny_model_dir)]
     assert main(["run", "q", *argv]) == 2
