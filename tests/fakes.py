@@ -10,7 +10,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable
-from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
 from flowlearn.nodes.policy import Generation, Messages, Sampling
@@ -70,7 +70,7 @@ class FakeChatModel(BaseChatModel):
         return "fake-chat"
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[Any, BaseMessage]:
-        schemas = [{"name": t.name} if isinstance(t, BaseTool) else {"name": str(t)} for t in tools]
+        schemas = [{"name": convert_to_openai_tool(t)["function"]["name"]} for t in tools]
         return self.bind(tools=schemas, **kwargs)
 
     def _generate(

@@ -1,0 +1,91 @@
+"""Command-line options shared by `run`, `eval` and `collect`, and the flow they build."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class UsageError(ValueError):
+    """A bad option value; the CLI prints it and exits with status 2."""
+
+
+def add_flow_options(parser: argparse.ArgumentParser, *, max_steps: int = 10) -> None:
+    """Add the model, sampling, budget and tool options."""
+    models = parser.add_argument_group("models")
+    models.add_argument("--planner", help="planner model: hub id, local folder or .gguf file")
+    models.add_argument("--engine", help="fixed engine model (default: the planner's model)")
+    models.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA if available)")
+    models.add_argument("--dtype", help="float32, bfloat16, ... (default: bf16 on CUDA, else fp32)")
+    models.add_argument(
+        "--engine-max-new-tokens", type=int, default=384, help="engine tokens per call (384)"
+    )
+    flow = parser.add_argument_group("flow")
+    flow.add_argument(
+        "--max-steps", type=int, default=max_steps, help=f"planner turns allowed ({max_steps})"
+    )
+    flow.add_argument("--max-seconds", type=float, help="wall-clock budget per question")
+    flow.add_argument("--temperature", type=float, default=0.7, help="planner temperature (0.7)")
+    flow.add_argument("--top-p", type=float, default=1.0, help="planner top-p (1.0)")
+    flow.add_argument("--max-new-tokens", type=int, default=256, help="planner tokens per turn")
+    flow.add_argument("--seed", type=int, help="seed for the planner's sampling")
+    flow.add_argument("--tools", help="comma-separated tool names to enable (default: all)")
+    flow.add_argument("--corpus", help="JSONL corpus for local_search ($FLOWLEARN_CORPUS)")
+    flow.add_argument(
+        "--web", action="store_true", help="add wikipedia_search and web_search (TAVILY_API_KEY)"
+    )
+
+
+@dataclass
+class Flow:
+    """A compiled graph with what it was built from."""
+
+    graph: Any
+    context: Any
+    planner: Any
+    engine: Any
+    tool_names: list[str]
+
+
+def build_flow(args: argparse.Namespace) -> Flow:
+    """Validate the options, load the local models and compile the flow.
+
+    Raises:
+        UsageError: a bad option value or a missing model, with how to fix it.
+
+    """
+    from flowlearn.graphs import Context, build_agentflow
+    from flowlearn.nodes.hf_loading import ModelNotFoundError
+    from flowlearn.nodes.local_models import load_local_models
+    from flowlearn.nodes.tools import default_tools
+
+    try:
+        context = Context(
+            max_steps=args.max_steps,
+            max_seconds=args.max_seconds,
+            planner_temperature=args.temperature,
+            planner_top_p=args.top_p,
+            planner_max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            tools=tuple(t.strip() for t in args.tools.split(",")) if args.tools else None,
+        )
+        if args.corpus is not None and not Path(args.corpus).is_file():
+            raise ValueError(f"--corpus {args.corpus} is not a file; give a JSONL corpus")
+        models = load_local_models(
+            args.planner,
+            args.engine,
+            device=args.device,
+            dtype=args.dtype,
+            engine_max_new_tokens=args.engine_max_new_tokens,
+        )
+        tools = default_tools(models.engine, corpus=args.corpus, web=args.web or None)
+    except (ValueError, ModelNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
+    names = [tool.name for tool in tools]
+    unknown = sorted(set(context.tools or ()) - set(names))
+    if unknown:
+        raise UsageError(f"unknown tools {unknown}; available: {sorted(names)}")
+    graph = build_agentflow(models.planner, models.engine, tools)
+    return Flow(graph, context, models.planner, models.engine, sorted(context.tools or names))

@@ -1,0 +1,96 @@
+"""`flowlearn run "QUESTION"`: answer one question, printing each step as it happens."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+from flowlearn.flow_setup import UsageError, add_flow_options, build_flow
+
+
+def add_parser(commands: Any) -> None:
+    """Register the `run` subcommand."""
+    run = commands.add_parser(
+        "run",
+        help="answer a question with the AgentFlow flow",
+        description="Answer a question with planner -> executor -> verifier -> generator, "
+        "printing each step as it happens. Runs offline on the embedded SmolLM2-135M-Instruct "
+        "unless --planner/--engine (or $FLOWLEARN_PLANNER/$FLOWLEARN_ENGINE) name other models.",
+    )
+    run.add_argument("question", help="the question to answer")
+    run.add_argument("--save", type=Path, help="append the run's trajectory to this JSONL file")
+    add_flow_options(run)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Build the flow on local models and answer one question, streaming its steps."""
+    if args.save is not None and args.save.is_dir():
+        raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
+    flow = build_flow(args)
+    print(
+        f"planner: {flow.planner.version}  engine: {flow.engine.policy.version}  "
+        f"tools: {', '.join(flow.tool_names)}"
+    )
+    state: dict[str, Any] = {"question": args.question}
+    start = time.perf_counter()
+    stream = flow.graph.stream(
+        {"question": args.question}, context=flow.context, stream_mode=["updates", "values"]
+    )
+    for mode, payload in cast(Iterator[tuple[str, Any]], stream):
+        if mode == "values":
+            state = payload
+        else:
+            for node, update in payload.items():
+                print_update(node, update or {})
+    print(f"\nAnswer: {state.get('answer', '')}")
+    print(
+        f"({state.get('termination')}, {state.get('step', 0)} steps, "
+        f"{time.perf_counter() - start:.1f} s)"
+    )
+    if args.save is not None:
+        save_run(args.save, state, flow.context.to_dict())
+        print(f"trajectory appended to {args.save}")
+    return 0
+
+
+def print_update(node: str, update: dict[str, Any]) -> None:
+    """Print one node's update as a short line or two."""
+    if node == "planner":
+        if update.get("analysis"):
+            print(f"[analysis] {_short(update['analysis'], 300)}")
+        plan = update.get("plan")
+        if plan:
+            print(f"[step {plan['step']}] planner: {_short(plan['sub_goal'])} -> {plan['tool']}")
+        elif update.get("termination"):
+            print(f"[budget] {update['termination']} reached")
+        elif update.get("memory"):
+            record = update["memory"][0]
+            print(f"[step {record['step']}] planner: format error ({record.get('error')})")
+    elif node == "executor":
+        record = update["memory"][0]
+        outcome = f"error: {record['error']}" if record.get("error") else record.get("result")
+        args = json.dumps(record.get("arguments"), ensure_ascii=False)
+        print(
+            f"[step {record['step']}] {record['tool']}({_short(args, 120)}) -> "
+            f"{_short(str(outcome))}"
+        )
+    elif node == "verifier":
+        print(f"[step {update['memory'][0]['step']}] verifier: {update.get('verdict')}")
+
+
+def save_run(path: Path, state: dict[str, Any], context: dict[str, Any]) -> None:
+    """Append one run as a JSON line and flush it to disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"context": context, **state}
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.flush()
+
+
+def _short(text: str, limit: int = 160) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
