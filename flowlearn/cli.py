@@ -1,4 +1,4 @@
-"""The `flowlearn` command line: `run` answers a question, `eval` runs a benchmark."""
+"""The `flowlearn` command line: `run` a question, `eval` a benchmark, `collect` rollouts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from flowlearn import eval_command, run_command
+from flowlearn import collect_command, eval_command, run_command
 from flowlearn.flow_setup import UsageError
 
 
@@ -18,13 +18,18 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run_command.add_parser(commands)
     eval_command.add_parser(commands)
+    collect_command.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (2 for bad options)."""
     args = build_parser().parse_args(argv)
-    handlers = {"run": run_command.run_command, "eval": eval_command.eval_command}
+    handlers = {
+        "run": run_command.run_command,
+        "eval": eval_command.eval_command,
+        "collect": collect_command.collect_command,
+    }
     try:
         return handlers[args.command](args)
     except UsageError as exc:

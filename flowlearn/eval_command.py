@@ -34,36 +34,13 @@ def add_parser(commands: Any) -> None:
 
 def eval_command(args: argparse.Namespace) -> int:
     """Evaluate and report."""
-    from flowlearn.evals.benchmarks import BENCHMARKS, load_benchmark, score_case
-    from flowlearn.evals.cases import load_cases
     from flowlearn.evals.harness import run_eval
     from flowlearn.evals.reports import write_reports
 
-    if (args.benchmark is None) == (args.data is None):
-        raise UsageError("give exactly one of --benchmark NAME or --data PATH")
-    if args.limit is not None and args.limit < 1:
-        raise UsageError(f"--limit must be >= 1, got {args.limit}")
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
-    bench = BENCHMARKS.get(args.benchmark) if args.benchmark else None
-    scorer_name = args.scorer or (bench.scorer if bench else None)
-    if scorer_name is None and args.judge is None:
-        raise UsageError("--data needs --scorer (or --judge) to know how to score answers")
-    try:
-        cases = (
-            load_benchmark(args.benchmark, limit=args.limit)
-            if bench
-            else load_cases(args.data, limit=args.limit)
-        )
-    except (OSError, ValueError, KeyError) as exc:
-        raise UsageError(str(exc)) from exc
+    name, cases, scorer, bench = load_cases_and_scorer(args)
     flow = build_flow(args)
-    scorer = (
-        _judge_scorer(args)
-        if args.judge
-        else (lambda answer, case: score_case(str(scorer_name), answer, case))
-    )
-    name = args.benchmark or args.data.stem
     out = args.out or Path("runs") / f"eval-{name}"
     results = run_eval(
         flow.graph,
@@ -89,12 +66,45 @@ def eval_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _judge_scorer(args: argparse.Namespace) -> Any:
+def load_cases_and_scorer(args: argparse.Namespace) -> tuple[str, list[Any], Any, Any]:
+    """Resolve --benchmark/--data, --limit, --scorer and --judge into cases and a scorer.
+
+    Returns the name, the cases, a `(answer, case) -> Score` scorer and the Benchmark (or None).
+    """
+    from flowlearn.evals.benchmarks import BENCHMARKS, load_benchmark, score_case
+    from flowlearn.evals.cases import load_cases
+
+    if (args.benchmark is None) == (args.data is None):
+        raise UsageError("give exactly one of --benchmark NAME or --data PATH")
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be >= 1, got {args.limit}")
+    bench = BENCHMARKS.get(args.benchmark) if args.benchmark else None
+    judge = getattr(args, "judge", None)
+    scorer_name = args.scorer or (bench.scorer if bench else None)
+    if scorer_name is None and judge is None:
+        raise UsageError("--data needs --scorer (or --judge) to know how to score answers")
+    try:
+        cases = (
+            load_benchmark(args.benchmark, limit=args.limit)
+            if bench
+            else load_cases(args.data, limit=args.limit)
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(str(exc)) from exc
+    if judge:
+        scorer = _judge_scorer(judge, args.device)
+    else:
+
+        def scorer(answer: str, case: Any) -> Any:
+            return score_case(str(scorer_name), answer, case)
+
+    return args.benchmark or args.data.stem, cases, scorer, bench
+
+
+def _judge_scorer(model: str, device: str | None) -> Any:
     from flowlearn.evals.scorers import llm_judge
     from flowlearn.nodes.hf_chat import HFChatModel
     from flowlearn.nodes.hf_policy import HFPolicy
 
-    judge = HFChatModel(
-        policy=HFPolicy.from_pretrained(args.judge, device=args.device), max_new_tokens=256
-    )
+    judge = HFChatModel(policy=HFPolicy.from_pretrained(model, device=device), max_new_tokens=256)
     return lambda answer, case: llm_judge(answer, case.reference, judge=judge, question=case.query)

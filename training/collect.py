@@ -1,0 +1,155 @@
+"""Collect G rollouts per question through the real flow, reward them, store them."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
+
+from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import Score
+from flowlearn.training.store import TrajectoryStore
+from flowlearn.training.trajectory import Trajectory, trajectory_from_state
+
+RewardTerm = Callable[[Trajectory], float]
+logger = logging.getLogger(__name__)
+
+
+def format_penalty(weight: float = 0.1) -> RewardTerm:
+    """Return a reward term of `-weight` times the share of planner turns that did not parse."""
+
+    def penalty(trajectory: Trajectory) -> float:
+        turns = [t for t in trajectory.transitions if t.node == "planner"]
+        bad = sum(t.parse_status != "ok" for t in turns)
+        return -weight * bad / len(turns) if turns else 0.0
+
+    return penalty
+
+
+def rollout_id(case: Case, index: int) -> str:
+    """Return the id of rollout `index` of `case`; being fixed, it makes collection resumable."""
+    return f"{case.id}/{index}"
+
+
+def collect(
+    graph_factory: Any,
+    cases: Sequence[Case],
+    scorer: Callable[[str, Case], Score],
+    *,
+    group_size: int,
+    store: TrajectoryStore | None = None,
+    concurrency: int = 4,
+    context: Any = None,
+    extra_rewards: Mapping[str, RewardTerm] | None = None,
+    progress: bool = True,
+) -> list[Trajectory]:
+    """Run `group_size` rollouts of every case, reward each, and append them to `store`.
+
+    Args:
+        graph_factory: a compiled graph, or a zero-argument function returning one.
+        cases: questions with references; their ids become the `group_id`s.
+        scorer: `(answer, case) -> Score`; its value is the trajectory's `reward`.
+        group_size: G, the rollouts per question.
+        store: where finished trajectories go; rollouts already in it are not run again.
+        concurrency: rollouts in flight at once (threads).
+        context: the graph's `Context`; with a `seed`, rollout k of a group uses `seed + k`.
+        extra_rewards: named reward terms kept in `reward_terms`, e.g. `format_penalty()`.
+        progress: show a tqdm progress bar.
+
+    Returns the trajectories of `cases`, stored ones included, in case and rollout order.
+    A scorer or reward-term failure is recorded on the trajectory (reward 0), never raised.
+
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    ids = [case.id for case in cases]
+    if len(set(ids)) != len(ids):
+        raise ValueError("case ids must be unique: they are the GRPO group ids")
+    graph = graph_factory if hasattr(graph_factory, "invoke") else graph_factory()
+    stored = {t.trajectory_id: t for t in store} if store else {}
+    todo = [
+        (case, k) for case in cases for k in range(group_size) if rollout_id(case, k) not in stored
+    ]
+
+    def run_one(case: Case, k: int) -> Trajectory:
+        run_context = context
+        if context is not None and getattr(context, "seed", None) is not None:
+            run_context = dataclasses.replace(context, seed=context.seed + k)
+        start = time.perf_counter()
+        state = graph.invoke({"question": case.query}, context=run_context)
+        trajectory = trajectory_from_state(
+            state,
+            trajectory_id=rollout_id(case, k),
+            group_id=case.id,
+            reference=case.reference,
+            context=run_context.to_dict() if hasattr(run_context, "to_dict") else {},
+            metadata={"case_metadata": case.metadata, "wall_seconds": time.perf_counter() - start},
+        )
+        reward(trajectory, case, scorer, extra_rewards or {})
+        if store is not None:
+            store.append(trajectory)
+        return trajectory
+
+    from tqdm.auto import tqdm
+
+    fresh: dict[str, Trajectory] = {}
+    failed: list[str] = []
+    total = len(cases) * group_size
+    with (
+        ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool,
+        tqdm(
+            total=total,
+            initial=total - len(todo),
+            disable=not progress,
+            desc="rollouts",
+            unit="traj",
+        ) as bar,
+    ):
+        futures = {pool.submit(run_one, case, k): rollout_id(case, k) for case, k in todo}
+        for future in as_completed(futures):
+            try:
+                trajectory = future.result()
+            except Exception as exc:  # a crashed rollout is retried by the next collect()
+                failed.append(futures[future])
+                logger.warning(
+                    "rollout %s failed: %s: %s", futures[future], type(exc).__name__, exc
+                )
+                continue
+            fresh[trajectory.trajectory_id] = trajectory
+            bar.update(1)
+    if failed:
+        logger.warning(
+            "%d rollouts failed and were not stored; run collect again to retry them: %s",
+            len(failed),
+            ", ".join(sorted(failed)[:10]),
+        )
+    merged = {**stored, **fresh}
+    return [
+        merged[rid]
+        for case in cases
+        for k in range(group_size)
+        if (rid := rollout_id(case, k)) in merged
+    ]
+
+
+def reward(
+    trajectory: Trajectory,
+    case: Case,
+    scorer: Callable[[str, Case], Score],
+    extra: Mapping[str, RewardTerm],
+) -> None:
+    """Score the trajectory's answer into `reward`, and each extra term into `reward_terms`."""
+    try:
+        score = scorer(trajectory.answer, case)
+        trajectory.reward, trajectory.reward_reason = score.value, score.reason
+    except Exception as exc:  # a failing judge marks the trajectory; it never stops collection
+        trajectory.reward, trajectory.reward_error = 0.0, f"{type(exc).__name__}: {exc}"
+    for name, term in extra.items():
+        try:
+            trajectory.reward_terms[name] = float(term(trajectory))
+        except Exception as exc:
+            trajectory.reward_terms[name] = 0.0
+            trajectory.reward_error = f"{name}: {type(exc).__name__}: {exc}"

@@ -1,0 +1,226 @@
+"""Flow-GRPO: turn rewarded trajectories into per-turn training rows.
+
+Why it looks like this:
+1. The outcome reward of a whole trajectory is the only signal; every planner turn of
+   trajectory i gets the same group-normalised advantage A_i (the broadcast, paper Eq. 7).
+2. Turns are trained as separate samples with their own exact prompt and completion ids, so a
+   multi-turn rollout never has to be re-tokenised into one sequence.
+3. `token_weight` carries the loss normalisation of each mode, so the trainer only has to sum
+   token_weight * per-token objective; for `paper` (Eq. 10) each question weighs 1/Q, each of
+   its G trajectories 1/G, each of a trajectory's T_i turns 1/T_i and each of a turn's |a|
+   tokens 1/|a|, so a long trajectory never outweighs a short one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from flowlearn.training.trajectory import Trajectory, Transition
+
+Mode = Literal["paper", "official", "sequence"]
+Scale = Literal["group", "batch", "none"]
+MODES = ("paper", "official", "sequence")
+SCALES = ("group", "batch", "none")
+
+
+@dataclass
+class FlowGRPORow:
+    """One trainable turn."""
+
+    trajectory_id: str
+    group_id: str
+    turn: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]
+    advantage: float
+    """The trajectory's advantage, broadcast to every token of this turn."""
+    token_weight: float
+    """The loss weight of each token of this turn under the chosen mode."""
+    reward: float
+    node: str = "planner"
+
+
+@dataclass
+class FlowGRPOBatch:
+    """Rows plus what happened while building them."""
+
+    rows: list[FlowGRPORow]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _std(values: Sequence[float]) -> float:
+    """Return the population standard deviation (ddof=0; TRL uses the unbiased one)."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def _check(transition: Transition) -> None:
+    if not transition.token_faithful:
+        raise ValueError(
+            f"{transition.node} transition of trajectory {transition.trajectory_id!r} turn "
+            f"{transition.turn} has no token ids/logprobs: its policy was a plain chat model "
+            "(inference only). Collect rollouts with HFPolicy (or another token-faithful "
+            "Policy) to train on them; text is never re-tokenised."
+        )
+
+
+def build_flow_grpo_rows(
+    trajectories: Iterable[Trajectory],
+    mode: Mode = "paper",
+    *,
+    nodes: Sequence[str] = ("planner",),
+    scale: Scale = "group",
+    drop_zero_variance: bool = False,
+    eps: float = 1e-6,
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+) -> FlowGRPOBatch:
+    """Build Flow-GRPO rows from rewarded trajectories grouped by `group_id`.
+
+    Args:
+        trajectories: rollouts, G per group; `total_reward` is the outcome.
+        mode: `paper` (Eq. 10 weights, default), `official` (the official code: the turns of a
+            question pooled for normalisation, token-mean loss) or `sequence` (each row's
+            tokens averaged, rows averaged).
+        nodes: which nodes' transitions become rows (the planner by default).
+        scale: divide by the group's std (`group`), the whole batch's std (`batch`), or not
+            at all (`none`, Dr. GRPO style).
+        drop_zero_variance: drop groups whose rewards are all equal (no signal).
+        eps: added to the std.
+        max_prompt_length: rows with longer prompts are dropped (counted in the stats).
+        max_completion_length: longer completions are cut to this length (counted).
+
+    Raises:
+        ValueError: unknown mode or scale, or a transition without token ids.
+
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; use one of {MODES}")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; use one of {SCALES}")
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.group_id].append(trajectory)
+    stats: dict[str, Any] = {"groups": len(groups), "dropped_rows": 0, "cut_rows": 0}
+
+    # Turns per trajectory after filtering by node and prompt length.
+    turns: dict[str, list[Transition]] = {}
+    for members in groups.values():
+        for trajectory in members:
+            kept = []
+            for transition in trajectory.transitions:
+                if transition.node not in nodes:
+                    continue
+                _check(transition)
+                if max_prompt_length and len(transition.prompt_ids or []) > max_prompt_length:
+                    stats["dropped_rows"] += 1
+                    continue
+                kept.append(transition)
+            turns[trajectory.trajectory_id] = kept
+
+    zero_variance = {g for g, m in groups.items() if len({t.total_reward for t in m}) == 1}
+    stats["zero_variance_share"] = len(zero_variance) / len(groups) if groups else 0.0
+    if drop_zero_variance:
+        groups = {g: m for g, m in groups.items() if g not in zero_variance}
+    advantages = _advantages(groups, turns, mode, scale, eps)
+
+    rows: list[FlowGRPORow] = []
+    for group_id, members in groups.items():
+        for trajectory in members:
+            for transition in turns[trajectory.trajectory_id]:
+                completion = list(transition.completion_ids or [])
+                logprobs = list(transition.logprobs or [])
+                if max_completion_length and len(completion) > max_completion_length:
+                    completion = completion[:max_completion_length]
+                    logprobs = logprobs[:max_completion_length]
+                    stats["cut_rows"] += 1
+                rows.append(
+                    FlowGRPORow(
+                        trajectory_id=trajectory.trajectory_id,
+                        group_id=group_id,
+                        turn=transition.turn,
+                        prompt_ids=list(transition.prompt_ids or []),
+                        completion_ids=completion,
+                        old_logprobs=logprobs,
+                        advantage=advantages[trajectory.trajectory_id],
+                        token_weight=0.0,
+                        reward=trajectory.total_reward,
+                        node=transition.node,
+                    )
+                )
+    _assign_weights(rows, groups, mode)
+    members_all = [t for m in groups.values() for t in m]
+    stats.update(
+        rows=len(rows),
+        tokens=sum(len(r.completion_ids) for r in rows),
+        mean_reward=sum(t.total_reward for t in members_all) / len(members_all)
+        if members_all
+        else 0.0,
+        mean_turns=sum(len(turns[t.trajectory_id]) for t in members_all) / len(members_all)
+        if members_all
+        else 0.0,
+        trained_groups=len(groups),
+    )
+    return FlowGRPOBatch(rows, stats)
+
+
+def _advantages(
+    groups: dict[str, list[Trajectory]],
+    turns: dict[str, list[Transition]],
+    mode: Mode,
+    scale: Scale,
+    eps: float,
+) -> dict[str, float]:
+    """A_i = (R_i - mean) / (std + eps) per trajectory; `official` pools the group's turns."""
+
+    def samples(members: list[Trajectory]) -> list[float]:
+        if mode == "official":  # every turn-sample counts once in the statistics
+            return [t.total_reward for t in members for _ in turns[t.trajectory_id]] or [
+                t.total_reward for t in members
+            ]
+        return [t.total_reward for t in members]
+
+    batch = [r for members in groups.values() for r in samples(members)]
+    batch_std = _std(batch) if batch else 0.0
+    out: dict[str, float] = {}
+    for members in groups.values():
+        values = samples(members)
+        mean = sum(values) / len(values)
+        denominator = {"group": _std(values) + eps, "batch": batch_std + eps, "none": 1.0}[scale]
+        for trajectory in members:
+            out[trajectory.trajectory_id] = (trajectory.total_reward - mean) / denominator
+    return out
+
+
+def _assign_weights(
+    rows: list[FlowGRPORow], groups: dict[str, list[Trajectory]], mode: Mode
+) -> None:
+    """Set token weights so that sum(token_weight * objective) is the mode's objective."""
+    if not rows:
+        return
+    if mode == "official":  # token mean over the whole batch
+        tokens = sum(len(r.completion_ids) for r in rows)
+        for row in rows:
+            row.token_weight = 1.0 / tokens if tokens else 0.0
+        return
+    if mode == "sequence":
+        for row in rows:
+            row.token_weight = 1.0 / (len(rows) * max(len(row.completion_ids), 1))
+        return
+    rows_per_trajectory: dict[str, int] = defaultdict(int)
+    for row in rows:
+        rows_per_trajectory[row.trajectory_id] += 1
+    size = {group_id: len(members) for group_id, members in groups.items()}
+    questions = len({row.group_id for row in rows})
+    for row in rows:
+        row.token_weight = 1.0 / (
+            questions
+            * size[row.group_id]
+            * rows_per_trajectory[row.trajectory_id]
+            * max(len(row.completion_ids), 1)
+        )
