@@ -77,7 +77,7 @@ def test_paper_mode_hand_computed() -> None:
 
 def test_official_mode_hand_computed() -> None:
     batch = build_flow_grpo_rows(hand_group(), "official")
-    pooled = [1] + [0, 0, 0] + [0, 0] + [1, 1]  # each turn-sample carries its trajectory's R
+    pooled = [1, 0, 0, 0, 0, 0, 1, 1]  # turns [1, 3, 2, 2], each turn-sample carries its R
     mean = sum(pooled) / 8
     std = math.sqrt(sum((r - mean) ** 2 for r in pooled) / 8)
     rows = by_traj(batch.rows)
