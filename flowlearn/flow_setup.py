@@ -49,7 +49,7 @@ class Flow:
     tool_names: list[str]
 
 
-def build_flow(args: argparse.Namespace) -> Flow:
+def build_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flow:
     """Validate the options, load the local models and compile the flow.
 
     Raises:
@@ -87,5 +87,5 @@ def build_flow(args: argparse.Namespace) -> Flow:
     unknown = sorted(set(context.tools or ()) - set(names))
     if unknown:
         raise UsageError(f"unknown tools {unknown}; available: {sorted(names)}")
-    graph = build_agentflow(models.planner, models.engine, tools)
+    graph = build_agentflow(models.planner, models.engine, tools, checkpointer=checkpointer)
     return Flow(graph, context, models.planner, models.engine, sorted(context.tools or names))

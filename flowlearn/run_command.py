@@ -7,9 +7,12 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from flowlearn.flow_setup import UsageError, add_flow_options, build_flow
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
 
 
 def add_parser(commands: Any) -> None:
@@ -21,8 +24,21 @@ def add_parser(commands: Any) -> None:
         "printing each step as it happens. Runs offline on the embedded SmolLM2-135M-Instruct "
         "unless --planner/--engine (or $FLOWLEARN_PLANNER/$FLOWLEARN_ENGINE) name other models.",
     )
-    run.add_argument("question", help="the question to answer")
+    run.add_argument("question", nargs="?", help="the question to answer")
     run.add_argument("--save", type=Path, help="append the run's trajectory to this JSONL file")
+    durable = run.add_argument_group("durable runs (SQLite checkpoints)")
+    durable.add_argument("--thread", help="checkpoint the run under this thread id")
+    durable.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted run of --thread (no question needed)",
+    )
+    durable.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=Path("runs/checkpoints.sqlite"),
+        help="SQLite checkpoint file (runs/checkpoints.sqlite)",
+    )
     add_flow_options(run)
 
 
@@ -30,15 +46,42 @@ def run_command(args: argparse.Namespace) -> int:
     """Build the flow on local models and answer one question, streaming its steps."""
     if args.save is not None and args.save.is_dir():
         raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
-    flow = build_flow(args)
+    if args.resume and not args.thread:
+        raise UsageError("--resume needs --thread ID (the run to continue)")
+    if args.resume == bool(args.question):
+        raise UsageError("give a question, or --resume --thread ID without one")
+    if args.thread is None:
+        return answer(args, build_flow(args), None, None)
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    args.checkpoints.parent.mkdir(parents=True, exist_ok=True)
+    with SqliteSaver.from_conn_string(str(args.checkpoints)) as saver:
+        config: RunnableConfig = {"configurable": {"thread_id": args.thread}}
+        started = saver.get_tuple(config) is not None
+        if args.resume and not started:
+            raise UsageError(f"thread {args.thread!r} has no run in {args.checkpoints} to resume")
+        if not args.resume and started:
+            raise UsageError(
+                f"thread {args.thread!r} already has a run in {args.checkpoints}; "
+                "add --resume to continue it, or use another --thread"
+            )
+        return answer(args, build_flow(args, checkpointer=saver), saver, config)
+
+
+def answer(args: argparse.Namespace, flow: Any, saver: Any, config: Any) -> int:
+    """Stream the run (new, or resumed from its checkpoint) and print the answer."""
     print(
         f"planner: {flow.planner.version}  engine: {flow.engine.policy.version}  "
         f"tools: {', '.join(flow.tool_names)}"
     )
     state: dict[str, Any] = {"question": args.question}
     start = time.perf_counter()
+    inputs = None if args.resume else {"question": args.question}
+    if args.resume:
+        step = flow.graph.get_state(config).values.get("step", 0)
+        print(f"resuming thread {args.thread} after step {step}")
     stream = flow.graph.stream(
-        {"question": args.question}, context=flow.context, stream_mode=["updates", "values"]
+        inputs, config, context=flow.context, stream_mode=["updates", "values"]
     )
     for mode, payload in cast(Iterator[tuple[str, Any]], stream):
         if mode == "values":

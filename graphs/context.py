@@ -38,6 +38,14 @@ class Context:
         default=None,
         metadata={"description": "Names of the bound tools to enable; None enables all of them."},
     )
+    approve_tools: bool = field(
+        default=False,
+        metadata={
+            "description": "Pause before every tool call for a human decision (LangGraph "
+            "interrupt; needs a checkpointer). Resume with Command(resume=True), False, or "
+            '{"arguments": {...}} to run with edited arguments.'
+        },
+    )
     max_result_chars: int = field(
         default=4000,
         metadata={"description": "Tool results longer than this are cut in memory, with a marker."},

@@ -14,7 +14,7 @@ from flowlearn.nodes.catalogue import describe_tool, tool_arguments
 from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.prompts import EXECUTOR_JSON_FALLBACK_PROMPT, EXECUTOR_PROMPT
 from flowlearn.nodes.records import ParseStatus, StepRecord
-from flowlearn.nodes.render import prompt_messages, transition, truncate
+from flowlearn.nodes.render import emit, prompt_messages, summarize, transition, truncate
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -116,8 +116,15 @@ def make_executor(
             "result": None,
             "error": None,
         }
+        rejected = False
+        if arguments is not None and context.approve_tools:
+            reviewed = review(plan["step"], tool.name, plan["sub_goal"], arguments)
+            rejected = reviewed is None
+            record["arguments"] = arguments = reviewed or arguments
         start = time.perf_counter()
-        if arguments is None:
+        if rejected:
+            record["error"] = "the tool call was rejected by the reviewer"
+        elif arguments is None:
             record["error"] = f"the engine gave no usable arguments for {tool.name}: {raw[:200]!r}"
         else:
             try:
@@ -126,6 +133,17 @@ def make_executor(
             except Exception as exc:  # a tool failure is data for the planner, not a crash
                 record["error"] = truncate(f"{type(exc).__name__}: {exc}", context.max_result_chars)
         record["seconds"] = round(time.perf_counter() - start, 6)
+        emit(
+            runtime,
+            {
+                "event": "tool",
+                "step": plan["step"],
+                "tool": tool.name,
+                "arguments": arguments,
+                "ok": record["error"] is None,
+                "summary": summarize(record["error"] or record["result"] or ""),
+            },
+        )
         return {
             "memory": [record],
             "transitions": [
@@ -134,6 +152,30 @@ def make_executor(
         }
 
     return executor
+
+
+def review(step: int, tool: str, sub_goal: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """Pause the run for a human decision on a tool call (LangGraph `interrupt`).
+
+    The resume value approves (`True`), rejects (`False` or `{"approve": False}`), or edits
+    (`{"arguments": {...}}`) the call; a rejected call returns None and is recorded as such.
+    """
+    from langgraph.types import interrupt
+
+    decision = interrupt(
+        {
+            "step": step,
+            "tool": tool,
+            "sub_goal": sub_goal,
+            "arguments": arguments,
+            "resume_with": 'True, False, or {"arguments": {...}}',
+        }
+    )
+    if decision is True or (isinstance(decision, dict) and decision.get("approve") is True):
+        return arguments
+    if isinstance(decision, dict) and isinstance(decision.get("arguments"), dict):
+        return dict(decision["arguments"])
+    return None
 
 
 def _as_text(result: Any) -> str:

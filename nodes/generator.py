@@ -8,18 +8,20 @@ from typing import TYPE_CHECKING, Any
 
 from flowlearn.nodes.parsing import extract_answer
 from flowlearn.nodes.prompts import GENERATOR_PROMPT
-from flowlearn.nodes.render import invoke_text, prompt_messages, render_memory, transition
+from flowlearn.nodes.render import emit, invoke_text, prompt_messages, render_memory, transition
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
+    from langgraph.runtime import Runtime
 
+    from flowlearn.graphs.context import Context
     from flowlearn.graphs.state import State
 
 
 def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
     """Build the generator node over the fixed engine."""
 
-    def generator(state: State) -> dict[str, Any]:
+    def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         messages = prompt_messages(
             GENERATOR_PROMPT.format(
                 question=state["question"],
@@ -29,6 +31,7 @@ def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
         )
         text, seconds = invoke_text(engine, messages)
         answer, tagged = extract_answer(text)
+        emit(runtime, {"event": "answer", "answer": answer, "tagged": tagged})
         started = state.get("started_at")
         step = state.get("step", 0)
         return {

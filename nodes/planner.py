@@ -13,7 +13,14 @@ from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
 from flowlearn.nodes.policy import Generation, Policy, Sampling
 from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
 from flowlearn.nodes.records import ParseStatus
-from flowlearn.nodes.render import invoke_text, prompt_messages, render_memory, transition
+from flowlearn.nodes.render import (
+    emit,
+    invoke_text,
+    prompt_messages,
+    render_memory,
+    summarize,
+    transition,
+)
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -89,6 +96,7 @@ def make_planner(
         started = state.get("started_at", now)
         reason = spent_budget({**state, "started_at": started}, context, now)
         if reason is not None:
+            emit(runtime, {"event": "budget", "step": state.get("step", 0), "reason": reason})
             return {"termination": reason, "plan": None}
 
         available = enabled_tools(tools, context.tools)
@@ -140,6 +148,7 @@ def make_planner(
             update["memory"] = [
                 {"step": step, "kind": "format_error", "error": error, "result": gen.text[:500]}
             ]
+            emit(runtime, {"event": "planner", "step": step, "ok": False, "error": error})
             return update
         update["plan"] = {
             "step": step,
@@ -148,6 +157,16 @@ def make_planner(
             "sub_goal": decision.sub_goal,
             "tool": tool,
         }
+        emit(
+            runtime,
+            {
+                "event": "planner",
+                "step": step,
+                "ok": True,
+                "sub_goal": summarize(decision.sub_goal),
+                "tool": tool,
+            },
+        )
         return update
 
     return planner

@@ -73,6 +73,23 @@ def invoke_text(engine: BaseChatModel, messages: list[dict[str, str]]) -> tuple[
     return reply.text, time.perf_counter() - start
 
 
+def emit(runtime: Any, event: dict[str, Any]) -> None:
+    """Send a custom stream event (`stream_mode="custom"`, Studio) if a writer is attached.
+
+    Uses the runtime's writer, the same one `get_stream_writer()` returns inside a run; a node
+    called on its own (no runtime) simply emits nothing.
+    """
+    writer = getattr(runtime, "stream_writer", None)
+    if writer is not None:
+        writer(event)
+
+
+def summarize(text: str, limit: int = 200) -> str:
+    """Flatten whitespace and cut `text` to `limit` characters for an event or a log line."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 def truncate(text: str, limit: int) -> str:
     """Cut `text` to `limit` characters with a visible marker saying how much was dropped."""
     if len(text) <= limit:

@@ -7,18 +7,20 @@ from typing import TYPE_CHECKING, Any
 
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.prompts import VERIFIER_PROMPT
-from flowlearn.nodes.render import invoke_text, prompt_messages, render_memory, transition
+from flowlearn.nodes.render import emit, invoke_text, prompt_messages, render_memory, transition
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
+    from langgraph.runtime import Runtime
 
+    from flowlearn.graphs.context import Context
     from flowlearn.graphs.state import State
 
 
 def make_verifier(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
     """Build the verifier node over the fixed engine."""
 
-    def verifier(state: State) -> dict[str, Any]:
+    def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         step = state.get("step", 0)
         messages = prompt_messages(
             VERIFIER_PROMPT.format(
@@ -38,6 +40,7 @@ def make_verifier(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
                 transition("verifier", step, messages, text, "ok" if clear else "unclear", seconds)
             ],
         }
+        emit(runtime, {"event": "verdict", "step": step, "verdict": verdict, "clear": clear})
         if verdict == "STOP":
             update["termination"] = "verifier_stop"
         return update

@@ -75,3 +75,32 @@ def test_unknown_option_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
         main(["run", "q", "--max-stpes", "3"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_run_on_a_thread_and_resume_errors(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "ck.sqlite"
+    base = [
+        "--planner",
+        str(tiny_model_dir),
+        "--max-steps",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--engine-max-new-tokens",
+        "8",
+        "--checkpoints",
+        str(db),
+    ]
+    assert main(["run", "q", "--thread", "t1", *base]) == 0
+    assert main(["run", "q", "--thread", "t1", *base]) == 2
+    assert "already has a run" in capsys.readouterr().err
+    assert main(["run", "--resume", "--thread", "t1", *base]) == 0  # finished: nothing to redo
+    assert "resuming thread t1 after step 1" in capsys.readouterr().out
+    assert main(["run", "--resume", "--thread", "nope", *base]) == 2
+    assert "has no run" in capsys.readouterr().err
+    assert main(["run", "--resume", *base]) == 2
+    assert "--resume needs --thread" in capsys.readouterr().err
+    assert main(["run", *base]) == 2
+    assert "give a question" in capsys.readouterr().err

@@ -130,7 +130,7 @@ def test_executor_unusable_arguments_are_recorded() -> None:
     [("All found.\nConclusion: STOP", "STOP", "ok"), ("hmm", "CONTINUE", "unclear")],
 )
 def test_verifier_stores_verdict_in_memory(text: str, verdict: str, status: str) -> None:
-    update = make_verifier(FakeChatModel(text=text))({"question": "q", "step": 1})
+    update = make_verifier(FakeChatModel(text=text))({"question": "q", "step": 1}, runtime())
     assert update["verdict"] == verdict
     assert update["memory"][0] == {
         "step": 1,
@@ -144,8 +144,10 @@ def test_verifier_stores_verdict_in_memory(text: str, verdict: str, status: str)
 
 def test_generator_extracts_answer() -> None:
     text = "17*23 is 391. <answer>391</answer>"
-    update = make_generator(FakeChatModel(text=text))({"question": "q", "started_at": 0.0})
+    update = make_generator(FakeChatModel(text=text))(
+        {"question": "q", "started_at": 0.0}, runtime()
+    )
     assert update["final_text"] == text and update["answer"] == "391"
-    untagged = make_generator(FakeChatModel(text="391"))({"question": "q"})
+    untagged = make_generator(FakeChatModel(text="391"))({"question": "q"}, runtime())
     assert untagged["answer"] == "391"
     assert untagged["transitions"][0]["parse_status"] == "no_answer_tags"
