@@ -29,9 +29,9 @@ def format_penalty(weight: float = 0.1) -> RewardTerm:
     return penalty
 
 
-def rollout_id(case: Case, index: int) -> str:
+def rollout_id(case: Case, index: int, prefix: str = "") -> str:
     """Return the id of rollout `index` of `case`; being fixed, it makes collection resumable."""
-    return f"{case.id}/{index}"
+    return f"{prefix}{case.id}/{index}"
 
 
 def collect(
@@ -45,6 +45,7 @@ def collect(
     context: Any = None,
     extra_rewards: Mapping[str, RewardTerm] | None = None,
     progress: bool = True,
+    id_prefix: str = "",
 ) -> list[Trajectory]:
     """Run `group_size` rollouts of every case, reward each, and append them to `store`.
 
@@ -58,6 +59,8 @@ def collect(
         context: the graph's `Context`; with a `seed`, rollout k of a group uses `seed + k`.
         extra_rewards: named reward terms kept in `reward_terms`, e.g. `format_penalty()`.
         progress: show a tqdm progress bar.
+        id_prefix: prepended to trajectory ids, e.g. the training step, so a question seen
+            again in a later step gets fresh rollouts.
 
     Returns the trajectories of `cases`, stored ones included, in case and rollout order.
     A scorer or reward-term failure is recorded on the trajectory (reward 0), never raised.
@@ -71,7 +74,10 @@ def collect(
     graph = graph_factory if hasattr(graph_factory, "invoke") else graph_factory()
     stored = {t.trajectory_id: t for t in store} if store else {}
     todo = [
-        (case, k) for case in cases for k in range(group_size) if rollout_id(case, k) not in stored
+        (case, k)
+        for case in cases
+        for k in range(group_size)
+        if rollout_id(case, k, id_prefix) not in stored
     ]
 
     def run_one(case: Case, k: int) -> Trajectory:
@@ -82,7 +88,7 @@ def collect(
         state = graph.invoke({"question": case.query}, context=run_context)
         trajectory = trajectory_from_state(
             state,
-            trajectory_id=rollout_id(case, k),
+            trajectory_id=rollout_id(case, k, id_prefix),
             group_id=case.id,
             reference=case.reference,
             context=run_context.to_dict() if hasattr(run_context, "to_dict") else {},
@@ -108,7 +114,9 @@ def collect(
             unit="traj",
         ) as bar,
     ):
-        futures = {pool.submit(run_one, case, k): rollout_id(case, k) for case, k in todo}
+        futures = {
+            pool.submit(run_one, case, k): rollout_id(case, k, id_prefix) for case, k in todo
+        }
         for future in as_completed(futures):
             try:
                 trajectory = future.result()
@@ -131,7 +139,7 @@ def collect(
         merged[rid]
         for case in cases
         for k in range(group_size)
-        if (rid := rollout_id(case, k)) in merged
+        if (rid := rollout_id(case, k, id_prefix)) in merged
     ]
 
 

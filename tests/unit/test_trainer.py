@@ -1,0 +1,244 @@
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch
+from langchain_core.messages import AIMessage
+from langchain_core.tools import tool
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig
+
+from fakes import FakeChatModel
+from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import exact_match
+from flowlearn.graphs import Context
+from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policy import Sampling
+from flowlearn.training import TrajectoryStore, build_flow_grpo_rows
+from flowlearn.training.trainer import FlowGRPOTrainer
+from flowlearn.training.trajectory import Trajectory, Transition
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look up a fact."""
+    return "paris"
+
+
+def engine(seed: int = 0) -> FakeChatModel:
+    rng = random.Random(seed)
+
+    def respond(messages: Any, tools: list[dict[str, Any]]) -> Any:
+        if tools:
+            return AIMessage(
+                content="", tool_calls=[{"name": "lookup", "args": {"query": "q"}, "id": "1"}]
+            )
+        return f"Conclusion: STOP <answer>{rng.choice(['paris', 'rome'])}</answer>"
+
+    return FakeChatModel(respond=respond)
+
+
+def config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
+    values: dict[str, Any] = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_steps=2,
+        learning_rate=1e-3,
+        temperature=0.7,
+        loss_type="dapo",
+        beta=0.0,
+        max_completion_length=16,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+        use_cpu=True,
+        seed=0,
+        bf16=False,  # fp32, so TRL's logprobs match the logged ones to float precision
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def load(tiny_model_dir: Path) -> tuple[Any, Any]:
+    return (
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        AutoTokenizer.from_pretrained(tiny_model_dir),
+    )
+
+
+CONTEXT = Context(max_steps=2, planner_temperature=0.7, planner_max_new_tokens=12)
+CASES = [Case(str(i), f"Capital {i}?", "paris") for i in range(4)]
+
+
+def scorer(answer: str, case: Case):  # type: ignore[no-untyped-def]
+    return exact_match(answer, case.reference)
+
+
+def test_online_training_updates_the_planner_in_the_flow(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    model, tokenizer = load(tiny_model_dir)
+    store = TrajectoryStore(tmp_path / "rollouts.jsonl")
+    trainer = FlowGRPOTrainer(
+        model,
+        args=config(tmp_path),
+        engine=engine(),
+        tools=[lookup],
+        scorer=scorer,
+        cases=CASES,
+        context=CONTEXT,
+        processing_class=tokenizer,
+        rollout_store=store,
+    )
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer.train()
+    changed = sum((before[k] - v).abs().sum().item() for k, v in model.state_dict().items())
+    assert changed > 0
+    rollouts = store.load()
+    assert len(rollouts) == 2 * 2 * 2  # 2 steps x 2 questions x G=2
+    versions = {t.policy_version for r in rollouts for t in r.transitions if t.node == "planner"}
+    assert {v.rsplit("@", 1)[1] for v in versions} == {"0", "1"}  # step 2 used updated weights
+    logged = [h for h in trainer.state.log_history if "flow/rows" in h]
+    assert len(logged) == 2 and all(h["flow/tokens"] > 0 for h in logged)
+
+
+def perturbed_trajectories(policy: HFPolicy, seed: int) -> list[Trajectory]:
+    """Real rollouts' tokens with logged logprobs shifted, so importance ratios differ from 1."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(2):
+        for i in range(2):
+            transitions = []
+            for t in range(rng.randint(1, 2)):
+                gen = policy.generate(
+                    [{"role": "user", "content": f"q{g} {i} {t}"}],
+                    Sampling(temperature=0.7, max_new_tokens=6, seed=seed + t),
+                )
+                transitions.append(
+                    Transition(
+                        trajectory_id=f"{g}/{i}",
+                        group_id=str(g),
+                        node="planner",
+                        turn=t + 1,
+                        messages=[],
+                        output=gen.text,
+                        parse_status="ok",
+                        seconds=0.0,
+                        prompt_ids=gen.prompt_ids,
+                        completion_ids=gen.completion_ids,
+                        logprobs=[lp + rng.gauss(0, 0.2) for lp in gen.logprobs or []],
+                    )
+                )
+            out.append(
+                Trajectory(
+                    trajectory_id=f"{g}/{i}",
+                    group_id=str(g),
+                    question="q",
+                    reference="r",
+                    answer="a",
+                    final_text="a",
+                    reward=float(i == g),
+                    transitions=transitions,
+                )
+            )
+    return out
+
+
+def test_trl_loss_equals_the_papers_objective(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model, tokenizer = load(tiny_model_dir)
+    trajectories = perturbed_trajectories(HFPolicy(model, tokenizer), seed=3)
+    trainer = FlowGRPOTrainer(
+        model,
+        args=config(tmp_path, epsilon=0.2, epsilon_high=0.3),
+        trajectories=trajectories,
+        context=CONTEXT,
+        processing_class=tokenizer,
+    )
+    inputs = trainer._generate_and_score_completions(
+        [
+            {"prompt": "0", "case": '{"id": "0", "query": "0", "reference": null}'},
+            {"prompt": "1", "case": '{"id": "1", "query": "1", "reference": null}'},
+        ]
+    )
+    loss = trainer._compute_loss(model, inputs).item()
+
+    rows = build_flow_grpo_rows(trajectories, "paper").rows
+    objective = 0.0
+    for row in rows:
+        ids = torch.tensor([row.prompt_ids + row.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(row.prompt_ids) - 1 : -1] / 0.7
+        logps = torch.log_softmax(logits.float(), -1).gather(
+            1, torch.tensor(row.completion_ids)[:, None]
+        )[:, 0]
+        for new, old in zip(logps.tolist(), row.old_logprobs, strict=True):
+            r = math.exp(new - old)
+            objective += row.token_weight * min(
+                r * row.advantage, min(max(r, 0.8), 1.3) * row.advantage
+            )
+    assert loss == pytest.approx(-objective, abs=1e-5)
+
+
+def test_offline_training_from_exported_trajectories(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from flowlearn.training import export_parquet, read_parquet
+
+    model, tokenizer = load(tiny_model_dir)
+    path = export_parquet(
+        perturbed_trajectories(HFPolicy(model, tokenizer), seed=5), tmp_path / "t.parquet"
+    )
+    trainer = FlowGRPOTrainer(
+        model,
+        args=config(tmp_path, max_steps=1),
+        trajectories=read_parquet(path),
+        context=CONTEXT,
+        processing_class=tokenizer,
+    )
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer.train()
+    assert sum((before[k] - v).abs().sum().item() for k, v in model.state_dict().items()) > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "kwargs", "message"),
+    [
+        ({"temperature": 1.0}, {}, "differs from the planner temperature"),
+        ({"loss_type": "grpo"}, {}, "loss_type='dapo'"),
+        (
+            {"gradient_accumulation_steps": 2, "steps_per_generation": 2},
+            {},
+            "gradient_accumulation_steps=1",
+        ),
+        ({}, {"trajectories": []}, "not both"),
+    ],
+)
+def test_contradictory_settings_are_errors(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    overrides: dict[str, Any],
+    kwargs: dict[str, Any],
+    message: str,
+) -> None:
+    model, tokenizer = load(tiny_model_dir)
+    with pytest.raises(ValueError, match=message):
+        FlowGRPOTrainer(
+            model,
+            args=config(tmp_path, **overrides),
+            engine=engine(),
+            tools=[lookup],
+            scorer=scorer,
+            cases=CASES,
+            context=CONTEXT,
+            processing_class=tokenizer,
+            **kwargs,
+        )

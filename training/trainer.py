@@ -1,0 +1,191 @@
+"""FlowGRPOTrainer: Flow-GRPO on TRL's GRPOTrainer, with rollouts through the LangGraph flow.
+
+Why it is built this way:
+1. TRL's stock path assumes one completion per row in contiguous groups of G. A flow rollout
+   yields a variable number of planner turns, so `_generate_and_score_completions` is
+   overridden: it runs G rollouts per question through the real graph with the model being
+   trained as the planner, rewards them, builds Flow-GRPO rows and pads them into the tensors
+   TRL's loss reads. TRL keeps the clipped-ratio loss, the KL, the optimizer, logging and
+   checkpoints.
+2. The logged logprobs are the old policy's (`old_per_token_logps`): they were sampled at the
+   planner temperature, which must equal TRL's `temperature` (checked), so the first ratio is 1
+   up to numerics, and offline data gets its importance correction for free.
+3. Rollouts of step k+1 see the weights updated at step k: the policy wraps the live model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from trl.trainer.grpo_config import GRPOConfig
+from trl.trainer.grpo_trainer import GRPOTrainer
+
+from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import Score
+from flowlearn.graphs.agentflow import build_agentflow
+from flowlearn.graphs.context import Context
+from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.training.collect import collect
+from flowlearn.training.flow_grpo import Mode, Scale, build_flow_grpo_rows
+from flowlearn.training.store import TrajectoryStore
+from flowlearn.training.tensors import rows_to_tensors
+from flowlearn.training.trajectory import Trajectory
+
+
+def unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """Satisfy GRPOTrainer's constructor; Flow-GRPO rewards come from the flow's scorer."""
+    raise RuntimeError("FlowGRPOTrainer computes rewards from rollouts; this is never called")
+
+
+def _no_scorer(answer: str, case: Case) -> Score:
+    raise RuntimeError("offline training has no scorer: rewards come with the trajectories")
+
+
+def cases_dataset(cases: Sequence[Case]) -> Any:
+    """Return a `datasets.Dataset` with TRL's `prompt` column and each case as JSON."""
+    import datasets
+
+    return datasets.Dataset.from_list(
+        [
+            {"prompt": case.query, "case": json.dumps(dataclasses.asdict(case), default=str)}
+            for case in cases
+        ]
+    )
+
+
+class FlowGRPOTrainer(GRPOTrainer):
+    """Train the planner with Flow-GRPO, online through the flow or offline from trajectories."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        args: GRPOConfig,
+        engine: Any = None,
+        tools: Sequence[Any] = (),
+        scorer: Callable[[str, Case], Score] | None = None,
+        cases: Sequence[Case] = (),
+        trajectories: Sequence[Trajectory] | None = None,
+        context: Context | None = None,
+        mode: Mode = "paper",
+        scale: Scale = "group",
+        drop_zero_variance: bool = False,
+        rollout_store: TrajectoryStore | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Set up online training (engine, tools, scorer, cases) or offline (trajectories).
+
+        Raises:
+            ValueError: neither or both sources, or sampling settings that disagree.
+
+        """
+        self.flow_context = context or Context(max_steps=3)
+        if (trajectories is None) == (not cases):
+            raise ValueError(
+                "give cases (online: rollouts through the flow) or trajectories "
+                "(offline: from an exported file), not both"
+            )
+        if args.temperature != self.flow_context.planner_temperature:
+            raise ValueError(
+                f"TRL temperature {args.temperature} differs from the planner temperature "
+                f"{self.flow_context.planner_temperature}: the logged logprobs would not be the "
+                "old policy's; set both to the same value"
+            )
+        if args.loss_type != "dapo":
+            raise ValueError(
+                "FlowGRPOTrainer needs loss_type='dapo': the Flow-GRPO weighting "
+                "mode ('paper', 'official', 'sequence') sets the normalisation"
+            )
+        if args.gradient_accumulation_steps != 1 or args.steps_per_generation != 1:
+            raise ValueError(
+                "set gradient_accumulation_steps=1 and steps_per_generation=1: one "
+                "generation batch is one update, as in the paper"
+            )
+        self.engine, self.flow_tools = engine, list(tools)
+        self.scorer: Callable[[str, Case], Score] = scorer or _no_scorer
+        self.mode, self.scale, self.drop_zero_variance = mode, scale, drop_zero_variance
+        self.rollout_store = rollout_store
+        self.offline: dict[str, list[Trajectory]] = {}
+        if trajectories is not None:
+            for trajectory in trajectories:
+                self.offline.setdefault(trajectory.group_id, []).append(trajectory)
+            dataset = cases_dataset([Case(g, g, None) for g in sorted(self.offline)])
+        else:
+            if engine is None or scorer is None or not tools:
+                raise ValueError("online training needs engine, tools and scorer")
+            dataset = cases_dataset(cases)
+        reward_funcs: Any = [unused_reward]
+        super().__init__(
+            model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, **kwargs
+        )
+        self.group_size = int(args.num_generations or 1)
+        self.flow_args: GRPOConfig = args
+
+    def rollout(self, cases: list[Case]) -> list[Trajectory]:
+        """Run G rollouts per case with the live model as the planner."""
+        model = self.accelerator.unwrap_model(self.model)
+        policy = HFPolicy(
+            model, self.processing_class, version=f"{self.args.output_dir}@{self.state.global_step}"
+        )
+        graph = build_agentflow(policy, self.engine, self.flow_tools)
+        was_training = model.training
+        model.eval()
+        try:
+            return collect(
+                graph,
+                cases,
+                self.scorer,
+                group_size=self.group_size,
+                store=self.rollout_store,
+                context=self.flow_context,
+                concurrency=1,
+                progress=False,
+                id_prefix=f"step{self.state.global_step}:",
+            )
+        finally:
+            model.train(was_training)
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Case] = {}
+        for item in inputs:  # TRL repeats each prompt G times; we roll each question out G times
+            case = Case(**json.loads(item["case"]))
+            seen.setdefault(case.id, case)
+        if self.offline:
+            trajectories = [t for group in seen for t in self.offline[group]]
+        else:
+            trajectories = self.rollout(list(seen.values()))
+        batch = build_flow_grpo_rows(
+            trajectories,
+            self.mode,
+            scale=self.scale,
+            drop_zero_variance=self.drop_zero_variance,
+            max_completion_length=self.flow_args.max_completion_length,
+        )
+        tokenizer: Any = self.processing_class
+        output = rows_to_tensors(batch.rows, tokenizer.pad_token_id, self.accelerator.device)
+        if self.beta != 0.0:
+            output["ref_per_token_logps"] = self._reference_logps(output)
+        live: Any = self.model
+        mode = "train" if live.training else "eval"
+        for key in ("mean_reward", "zero_variance_share", "rows", "tokens", "mean_turns"):
+            self._metrics[mode][f"flow/{key}"].append(float(batch.stats[key]))
+        return output
+
+    def _reference_logps(self, tensors: dict[str, Any]) -> Any:
+        ids = torch.cat([tensors["prompt_ids"], tensors["completion_ids"]], dim=1)
+        mask = torch.cat([tensors["prompt_mask"], tensors["completion_mask"]], dim=1)
+        keep = tensors["completion_ids"].size(1)
+        with torch.no_grad():
+            if self.ref_model is not None:
+                logps, _, _ = self._get_per_token_logps_and_entropies(
+                    self.ref_model, ids, mask, keep
+                )
+                return logps
+            model = self.accelerator.unwrap_model(self.model)
+            with model.disable_adapter():  # LoRA: the frozen base is the reference
+                logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask, keep)
+            return logps
