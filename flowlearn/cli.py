@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from flowlearn import collect_command, eval_command, run_command
+from flowlearn import collect_command, eval_command, run_command, train_command
 from flowlearn.flow_setup import UsageError
 
 
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_command.add_parser(commands)
     eval_command.add_parser(commands)
     collect_command.add_parser(commands)
+    train_command.add_parser(commands)
     return parser
 
 
@@ -29,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run": run_command.run_command,
         "eval": eval_command.eval_command,
         "collect": collect_command.collect_command,
+        "train": train_command.train_command,
     }
     try:
         return handlers[args.command](args)

@@ -30,7 +30,7 @@ class HFPolicy:
         self.tokenizer = tokenizer
         name = getattr(model.config, "name_or_path", "") or type(model).__name__
         self.version = version or f"{os.path.basename(str(name).rstrip('/')) or name}@0"
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: FrozenBasePolicy holds it around generate
 
     @classmethod
     def from_pretrained(
