@@ -4,7 +4,12 @@ Importing this package stays light (no torch or trl); the trainer loads them its
 """
 
 from flowlearn.training.collect import collect, format_penalty, rollout_id
-from flowlearn.training.flow_grpo import FlowGRPOBatch, FlowGRPORow, build_flow_grpo_rows
+from flowlearn.training.flow_grpo import (
+    FlowGRPOBatch,
+    FlowGRPORow,
+    StepCredit,
+    build_flow_grpo_rows,
+)
 from flowlearn.training.store import (
     TrajectoryStore,
     export_parquet,
@@ -19,6 +24,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "FlowGRPOBatch",
     "FlowGRPORow",
+    "StepCredit",
     "Trajectory",
     "TrajectoryStore",
     "Transition",

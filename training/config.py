@@ -47,6 +47,10 @@ class TrainConfig:
     scale: Literal["group", "batch", "none"] = _help("Advantage scaling.", "group")
     drop_zero_variance: bool = _help("Drop groups whose rewards are all equal.", False)
     format_penalty: float = _help("Penalty weight for unparseable planner turns.", 0.0)
+    step_credit_weight: float = _help(
+        "GiGPO-style step credit weight, beyond the paper; 0 turns it off.", 0.0
+    )
+    step_credit_gamma: float = _help("Discount of the step-credit returns.", 0.95)
     # TRL / optimisation
     output_dir: str = _help("Where checkpoints, logs and the final policy go.", "runs/train")
     learning_rate: float = _help("Learning rate (paper: 1e-6).", 1e-6)

@@ -45,6 +45,19 @@ class FlowGRPORow:
     node: str = "planner"
 
 
+@dataclass(frozen=True)
+class StepCredit:
+    """GiGPO-style step credit, beyond the paper (off unless given).
+
+    Planner turns of the same question that saw the same input (identical prompt ids, i.e. the
+    same memory state) form a step group; their discounted returns `gamma^(T_i - t) * R_i` are
+    normalised within the step group and added, times `weight`, to the trajectory advantage.
+    """
+
+    weight: float = 1.0
+    gamma: float = 0.95
+
+
 @dataclass
 class FlowGRPOBatch:
     """Rows plus what happened while building them."""
@@ -79,6 +92,7 @@ def build_flow_grpo_rows(
     eps: float = 1e-6,
     max_prompt_length: int | None = None,
     max_completion_length: int | None = None,
+    step_credit: StepCredit | None = None,
 ) -> FlowGRPOBatch:
     """Build Flow-GRPO rows from rewarded trajectories grouped by `group_id`.
 
@@ -94,6 +108,7 @@ def build_flow_grpo_rows(
         eps: added to the std.
         max_prompt_length: rows with longer prompts are dropped (counted in the stats).
         max_completion_length: longer completions are cut to this length (counted).
+        step_credit: add GiGPO-style step-group advantages (see `StepCredit`); None = paper.
 
     Raises:
         ValueError: unknown mode or scale, or a transition without token ids.
@@ -153,6 +168,8 @@ def build_flow_grpo_rows(
                         node=transition.node,
                     )
                 )
+    if step_credit is not None:
+        stats["step_groups"] = _add_step_credit(rows, turns, groups, step_credit, eps)
     _assign_weights(rows, groups, mode)
     members_all = [t for m in groups.values() for t in m]
     stats.update(
@@ -195,6 +212,37 @@ def _advantages(
         for trajectory in members:
             out[trajectory.trajectory_id] = (trajectory.total_reward - mean) / denominator
     return out
+
+
+def _add_step_credit(
+    rows: list[FlowGRPORow],
+    turns: dict[str, list[Transition]],
+    groups: dict[str, list[Trajectory]],
+    credit: StepCredit,
+    eps: float,
+) -> int:
+    """Add normalised discounted returns within step groups; return how many groups had > 1."""
+    rewards = {t.trajectory_id: t.total_reward for m in groups.values() for t in m}
+    position = {
+        (tid, transition.turn): (index, len(kept))
+        for tid, kept in turns.items()
+        for index, transition in enumerate(kept, 1)
+    }
+    returns: dict[tuple[str, str], list[tuple[FlowGRPORow, float]]] = defaultdict(list)
+    for row in rows:
+        index, total = position[(row.trajectory_id, row.turn)]
+        value = credit.gamma ** (total - index) * rewards[row.trajectory_id]
+        returns[(row.group_id, str(hash(tuple(row.prompt_ids))))].append((row, value))
+    shared = 0
+    for members in returns.values():
+        if len(members) < 2:
+            continue
+        shared += 1
+        values = [value for _, value in members]
+        mean, std = sum(values) / len(values), _std(values)
+        for row, value in members:
+            row.advantage += credit.weight * (value - mean) / (std + eps)
+    return shared
 
 
 def _assign_weights(

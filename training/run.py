@@ -62,6 +62,8 @@ def train(config: TrainConfig) -> Path:
     from flowlearn.nodes.hf_chat import HFChatModel
     from flowlearn.nodes.hf_loading import load_model_and_tokenizer
     from flowlearn.nodes.tools import default_tools
+    from flowlearn.training.collect import format_penalty
+    from flowlearn.training.flow_grpo import StepCredit
     from flowlearn.training.store import TrajectoryStore, load_trajectories
     from flowlearn.training.trainer import FlowGRPOTrainer
 
@@ -93,6 +95,9 @@ def train(config: TrainConfig) -> Path:
         mode=config.mode,
         scale=config.scale,
         drop_zero_variance=config.drop_zero_variance,
+        step_credit=StepCredit(config.step_credit_weight, config.step_credit_gamma)
+        if config.step_credit_weight
+        else None,
     )
     out = Path(config.output_dir)
     if config.trajectories:
@@ -115,6 +120,9 @@ def train(config: TrainConfig) -> Path:
             tools=default_tools(engine, corpus=config.corpus),
             scorer=scorer,
             rollout_store=TrajectoryStore(out / "rollouts.jsonl"),
+            extra_rewards={"format_penalty": format_penalty(config.format_penalty)}
+            if config.format_penalty
+            else None,
             **common,
         )
     trainer.train(resume_from_checkpoint=True if config.resume else None)

@@ -30,7 +30,7 @@ from flowlearn.graphs.agentflow import build_agentflow
 from flowlearn.graphs.context import Context
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.training.collect import collect
-from flowlearn.training.flow_grpo import Mode, Scale, build_flow_grpo_rows
+from flowlearn.training.flow_grpo import Mode, Scale, StepCredit, build_flow_grpo_rows
 from flowlearn.training.store import TrajectoryStore
 from flowlearn.training.tensors import rows_to_tensors
 from flowlearn.training.trajectory import Trajectory
@@ -74,6 +74,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         mode: Mode = "paper",
         scale: Scale = "group",
         drop_zero_variance: bool = False,
+        step_credit: StepCredit | None = None,
+        extra_rewards: dict[str, Callable[[Trajectory], float]] | None = None,
         rollout_store: TrajectoryStore | None = None,
         **kwargs: Any,
     ) -> None:
@@ -109,6 +111,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.scorer: Callable[[str, Case], Score] = scorer or _no_scorer
         self.mode, self.scale, self.drop_zero_variance = mode, scale, drop_zero_variance
         self.rollout_store = rollout_store
+        self.step_credit = step_credit
+        self.extra_rewards = extra_rewards
         self.offline: dict[str, list[Trajectory]] = {}
         if trajectories is not None:
             for trajectory in trajectories:
@@ -144,6 +148,7 @@ class FlowGRPOTrainer(GRPOTrainer):
                 context=self.flow_context,
                 concurrency=1,
                 progress=False,
+                extra_rewards=self.extra_rewards,
                 id_prefix=f"step{self.state.global_step}:",
             )
         finally:
@@ -164,6 +169,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             scale=self.scale,
             drop_zero_variance=self.drop_zero_variance,
             max_completion_length=self.flow_args.max_completion_length,
+            step_credit=self.step_credit,
         )
         tokenizer: Any = self.processing_class
         output = rows_to_tensors(batch.rows, tokenizer.pad_token_id, self.accelerator.device)

@@ -177,3 +177,29 @@ def test_rows_reproduce_the_papers_objective_on_a_random_batch() -> None:
         for r in ratios[(row.trajectory_id, row.turn)]
     )
     assert ours == pytest.approx(reference_objective(trajectories, ratios, 0.2, 0.3), abs=1e-6)
+
+
+def test_step_credit_groups_turns_that_saw_the_same_input() -> None:
+    from flowlearn.training import StepCredit
+
+    group = hand_group()
+    for trajectory in group:  # every first turn saw the same prompt; later turns differ
+        for transition in trajectory.transitions:
+            transition.prompt_ids = (
+                [1, 2, 3]
+                if transition.turn == 1
+                else [9, transition.turn, hash(transition.trajectory_id) % 97]
+            )
+    plain = build_flow_grpo_rows(group, "paper")
+    credited = build_flow_grpo_rows(group, "paper", step_credit=StepCredit(weight=0.5, gamma=0.9))
+    assert credited.stats["step_groups"] == 1  # only the shared first turn forms a group
+    first = [r for r in credited.rows if r.turn == 1]
+    # discounted returns of the first turns: R * 0.9^(T-1) for T = [1, 3, 2, 2]
+    values = [1.0, 0.0, 0.0, 0.9]
+    mean = sum(values) / 4
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / 4)
+    for row, value in zip(first, values, strict=True):
+        base = next(r for r in plain.rows if r.trajectory_id == row.trajectory_id and r.turn == 1)
+        assert row.advantage == pytest.approx(base.advantage + 0.5 * (value - mean) / (std + EPS))
+    later = [(r, p) for r, p in zip(credited.rows, plain.rows, strict=True) if r.turn > 1]
+    assert all(r.advantage == p.advantage for r, p in later)
