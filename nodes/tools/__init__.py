@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from langchain_core.tools import BaseTool
@@ -13,6 +14,8 @@ from flowlearn.nodes.tools.python_sandbox import python_coder_tool, python_tool,
 from flowlearn.nodes.tools.web_search import web_search_tool
 from flowlearn.nodes.tools.wikipedia import wikipedia_tool
 
+BUNDLED_CORPUS = Path(__file__).parent / "data" / "world_facts.jsonl"
+
 
 def default_tools(
     engine: Any,
@@ -21,20 +24,21 @@ def default_tools(
     web: bool | None = None,
     python_timeout: float = 10.0,
 ) -> list[BaseTool]:
-    """Return the default tools: offline ones always, web ones when asked.
+    """Return the default tools: `python`, `generalist`, `local_search`; web ones when asked.
 
     Args:
         engine: the fixed chat model the generalist calls.
-        corpus: a JSONL corpus for `local_search`; defaults to `$FLOWLEARN_CORPUS` when set.
+        corpus: a JSONL corpus for `local_search`; defaults to `$FLOWLEARN_CORPUS`, else the
+            small bundled `world_facts.jsonl` (capitals and common facts), so the offline
+            default set has a retriever. Pass your own corpus for real work.
         web: add `wikipedia_search` and `web_search` (which needs `$TAVILY_API_KEY`);
             defaults to `$FLOWLEARN_WEB_TOOLS` being "1".
         python_timeout: wall-clock seconds allowed per `python` call.
 
     """
     tools = [python_tool(timeout=python_timeout), generalist_tool(engine)]
-    corpus = corpus or os.environ.get("FLOWLEARN_CORPUS")
-    if corpus:
-        tools.append(local_search_tool(corpus))
+    corpus = corpus or os.environ.get("FLOWLEARN_CORPUS") or str(BUNDLED_CORPUS)
+    tools.append(local_search_tool(corpus))
     if web if web is not None else os.environ.get("FLOWLEARN_WEB_TOOLS") == "1":
         tools += [wikipedia_tool(), web_search_tool()]
     return tools

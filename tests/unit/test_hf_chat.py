@@ -89,3 +89,21 @@ def test_hf_policy_plans_in_a_full_run(tiny_model_dir: Path, chat: HFChatModel) 
         assert len(turn["completion_ids"]) == len(turn["logprobs"]) > 0
         assert turn["prompt_ids"] == policy.encode_chat(turn["messages"])
         assert turn["sampling"]["max_new_tokens"] == 16
+
+
+def test_messages_stream_mode_streams_engine_tokens(chat: HFChatModel) -> None:
+    graph = build_agentflow(ScriptedPolicy([plan("lookup")]), chat, [lookup])
+    chunks = [
+        (message, meta)
+        for message, meta in graph.stream(
+            {"question": "q"}, context=Context(max_steps=1), stream_mode="messages"
+        )
+    ]
+    by_node = {meta["langgraph_node"] for _, meta in chunks}
+    assert {"verifier", "generator"} <= by_node
+    generator_text = "".join(
+        str(m.content) for m, meta in chunks if meta["langgraph_node"] == "generator"
+    )
+    final = graph.invoke({"question": "q"}, context=Context(max_steps=1))["final_text"]
+    assert generator_text == final  # greedy engine: the streamed pieces are the final text
+    assert sum(meta["langgraph_node"] == "generator" for _, meta in chunks) > 1

@@ -50,6 +50,10 @@ def test_default_tools_add_local_search_for_a_corpus(
     corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = FakeChatModel()
-    assert [t.name for t in default_tools(engine)] == ["python", "generalist"]
+    monkeypatch.delenv("FLOWLEARN_CORPUS", raising=False)
+    bundled = default_tools(engine)
+    assert [t.name for t in bundled] == ["python", "generalist", "local_search"]
+    assert bundled[-1].invoke({"query": "capital of Kenya"}).startswith("[1] (id: cap-")
+    assert "Nairobi" in bundled[-1].invoke({"query": "capital of Kenya"}).split("\n\n")[0]
     monkeypatch.setenv("FLOWLEARN_CORPUS", str(corpus))
-    assert [t.name for t in default_tools(engine)][-1] == "local_search"
+    assert "(id: d1) Paris" in default_tools(engine)[-1].invoke({"query": "capital of France"})

@@ -1,0 +1,113 @@
+"""Probe whether Flow-GRPO teaches a tiny planner the tool-choice task (work in progress).
+
+Run: `python tests/learning/probe.py`. It builds a small Qwen2 with a tokenizer fitted to the
+task's planner prompts, warms it up on the output format with random tool choices, measures
+held-out greedy success, trains with FlowGRPOTrainer through the real flow, and measures again.
+Issue 7 asks for success >= 0.9 from about chance; see the issue note for what it reached.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).parents[1]), str(Path(__file__).parent)]
+
+from task import make_cases, scripted_engine, write_corpus  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
+from warmup import FORMAT, build_policy_model, warm_up_format  # noqa: E402
+
+from flowlearn.evals.benchmarks import score_case  # noqa: E402
+from flowlearn.evals.harness import run_eval  # noqa: E402
+from flowlearn.graphs import Context, build_agentflow  # noqa: E402
+from flowlearn.nodes.hf_policy import HFPolicy  # noqa: E402
+from flowlearn.nodes.policy import Generation  # noqa: E402
+from flowlearn.nodes.tools import local_search_tool, python_tool  # noqa: E402
+from flowlearn.training.trainer import FlowGRPOTrainer  # noqa: E402
+
+
+class Recorder:
+    """A policy that records the planner prompts the real flow renders."""
+
+    def __init__(self) -> None:
+        self.messages: list[list[dict[str, str]]] = []
+
+    def generate(self, messages, sampling):  # type: ignore[no-untyped-def]
+        self.messages.append(messages)
+        return Generation(text="Sub-Goal: x\nTool Name: python")
+
+
+def scorer(answer, case):  # type: ignore[no-untyped-def]
+    return score_case("exact_match", answer, case)
+
+
+def main(workdir: Path = Path("/tmp/flowlearn-learning-probe"), steps: int = 30) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    engine = scripted_engine()
+    tools = [python_tool(), local_search_tool(write_corpus(workdir / "corpus.jsonl"))]
+    train_cases, held_out = make_cases(64, 0), make_cases(40, 1)
+    recorder = Recorder()
+    graph = build_agentflow(recorder, engine, tools)
+    for case in train_cases:
+        graph.invoke({"question": case.query}, context=Context(max_steps=1))
+    texts = [m[-1]["content"] for m in recorder.messages]
+    texts += [FORMAT.format(tool=t) for t in ("python", "local_search")] * 20
+    folder = build_policy_model(workdir / "policy", texts)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    warm_up_format(model, tokenizer, recorder.messages, ["python", "local_search"], epochs=4)
+    greedy = Context(max_steps=1, planner_temperature=0.0, planner_max_new_tokens=24)
+
+    def success() -> float:
+        flow = build_agentflow(HFPolicy(model, tokenizer), engine, tools)
+        results = run_eval(flow, held_out, scorer, concurrency=1, progress=False, context=greedy)
+        return sum(r.score for r in results) / len(results)
+
+    print(f"held-out success before: {success():.2f}")
+    args = GRPOConfig(
+        output_dir=str(workdir / "out"),
+        per_device_train_batch_size=32,
+        num_generations=4,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        learning_rate=1e-3,
+        temperature=0.7,
+        loss_type="dapo",
+        beta=0.0,
+        max_completion_length=24,
+        logging_steps=3,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    trainer = FlowGRPOTrainer(
+        model,
+        args=args,
+        engine=engine,
+        tools=tools,
+        scorer=scorer,
+        cases=train_cases,
+        context=Context(max_steps=1, planner_temperature=0.7, planner_max_new_tokens=24),
+        processing_class=tokenizer,
+    )
+    start = time.perf_counter()
+    trainer.train()
+    curve = [
+        (h["step"], round(h["flow/mean_reward"], 2))
+        for h in trainer.state.log_history
+        if "flow/mean_reward" in h
+    ]
+    print(f"trained {steps} steps in {time.perf_counter() - start:.0f} s; reward curve {curve}")
+    print(f"held-out success after: {success():.2f}")
+
+
+if __name__ == "__main__":
+    main()
