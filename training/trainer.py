@@ -122,6 +122,14 @@ class FlowGRPOTrainer(GRPOTrainer):
             if engine is None or scorer is None or not tools:
                 raise ValueError("online training needs engine, tools and scorer")
             dataset = cases_dataset(cases)
+        per_step = args.per_device_train_batch_size // max(int(args.num_generations or 1), 1)
+        if len(dataset) < per_step:
+            raise ValueError(
+                f"each step takes {per_step} questions (batch {args.per_device_train_batch_size} "
+                f"/ num_generations {args.num_generations}) but only {len(dataset)} "
+                f"{'groups' if trajectories is not None else 'questions'} were given; lower "
+                "questions_per_step or give more data"
+            )
         reward_funcs: Any = [unused_reward]
         super().__init__(
             model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, **kwargs

@@ -220,6 +220,7 @@ def test_offline_training_from_exported_trajectories(tiny_model_dir: Path, tmp_p
             "gradient_accumulation_steps=1",
         ),
         ({}, {"trajectories": []}, "not both"),
+        ({"per_device_train_batch_size": 16}, {}, "each step takes 8 questions"),
     ],
 )
 def test_contradictory_settings_are_errors(
@@ -242,3 +243,76 @@ def test_contradictory_settings_are_errors(
             processing_class=tokenizer,
             **kwargs,
         )
+
+
+def sequence_logp(model: Any, prompt: list[int], completion: list[int]) -> float:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / 0.7
+    return float(torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).sum())
+
+
+def sampled_group(policy: HFPolicy, rewards: list[float]) -> list[Trajectory]:
+    out = []
+    for i, reward in enumerate(rewards):
+        gen = policy.generate(
+            [{"role": "user", "content": "pick a tool"}],
+            Sampling(temperature=0.7, max_new_tokens=6, seed=i),
+        )
+        transition = Transition(
+            trajectory_id=f"g/{i}",
+            group_id="g",
+            node="planner",
+            turn=1,
+            messages=[],
+            output=gen.text,
+            parse_status="ok",
+            seconds=0.0,
+            prompt_ids=gen.prompt_ids,
+            completion_ids=gen.completion_ids,
+            logprobs=gen.logprobs,
+        )
+        out.append(
+            Trajectory(
+                trajectory_id=f"g/{i}",
+                group_id="g",
+                question="q",
+                reference="r",
+                answer="a",
+                final_text="a",
+                reward=reward,
+                transitions=[transition],
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("rewards", [[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+def test_one_step_moves_probability_towards_rewarded_turns(
+    tiny_model_dir: Path, tmp_path: Path, rewards: list[float]
+) -> None:
+    model, tokenizer = load(tiny_model_dir)
+    group = sampled_group(HFPolicy(model, tokenizer), rewards)
+    before = [
+        sequence_logp(model, t.transitions[0].prompt_ids, t.transitions[0].completion_ids)
+        for t in group
+    ]
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = FlowGRPOTrainer(
+        model,
+        args=config(tmp_path, max_steps=1, learning_rate=1e-2, weight_decay=0.0, num_generations=4),
+        trajectories=group,
+        context=CONTEXT,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    after = [
+        sequence_logp(model, t.transitions[0].prompt_ids, t.transitions[0].completion_ids)
+        for t in group
+    ]
+    moved = sum((weights[k] - v).abs().sum().item() for k, v in model.state_dict().items())
+    if len(set(rewards)) == 1:  # zero advantages: no gradient, no change
+        assert moved == 0.0
+        return
+    delta = [a - b for a, b in zip(after, before, strict=True)]
+    assert min(delta[:2]) > 0 > max(delta[2:]), delta
