@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowlearn.nodes.parsing import extract_answer
 from flowlearn.nodes.prompts import GENERATOR_PROMPT
-from flowlearn.nodes.render import emit, invoke_text, prompt_messages, render_memory, transition
+from flowlearn.nodes.render import emit, invoke_text, memory_prompt, transition
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -22,13 +22,7 @@ def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
     """Build the generator node over the fixed engine."""
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        messages = prompt_messages(
-            GENERATOR_PROMPT.format(
-                question=state["question"],
-                analysis=state.get("analysis", ""),
-                memory=render_memory(state.get("memory", [])),
-            )
-        )
+        messages = memory_prompt(GENERATOR_PROMPT, state)
         text, seconds = invoke_text(engine, messages)
         answer, tagged = extract_answer(text)
         emit(runtime, {"event": "answer", "answer": answer, "tagged": tagged})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flowlearn.nodes.messages import to_langchain
@@ -37,6 +37,17 @@ def render_memory(memory: Sequence[StepRecord]) -> str:
         else:
             lines.append(f"{head} verification: {record.get('verdict')}")
     return "\n".join(lines)
+
+
+def memory_prompt(template: str, state: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Render a template over the question, analysis and memory (verifier, generator)."""
+    return prompt_messages(
+        template.format(
+            question=state["question"],
+            analysis=state.get("analysis", ""),
+            memory=render_memory(state.get("memory", [])),
+        )
+    )
 
 
 def prompt_messages(user: str) -> list[dict[str, str]]:

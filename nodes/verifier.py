@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.prompts import VERIFIER_PROMPT
-from flowlearn.nodes.render import emit, invoke_text, prompt_messages, render_memory, transition
+from flowlearn.nodes.render import emit, invoke_text, memory_prompt, transition
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -22,13 +22,7 @@ def make_verifier(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
 
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         step = state.get("step", 0)
-        messages = prompt_messages(
-            VERIFIER_PROMPT.format(
-                question=state["question"],
-                analysis=state.get("analysis", ""),
-                memory=render_memory(state.get("memory", [])),
-            )
-        )
+        messages = memory_prompt(VERIFIER_PROMPT, state)
         text, seconds = invoke_text(engine, messages)
         verdict, clear = parse_verdict(text)
         update: dict[str, Any] = {
