@@ -49,10 +49,14 @@ BENCHMARKS = {
 
 
 def benchmarks_dir() -> Path:
-    """Return the benchmarks folder: `$FLOWLEARN_BENCHMARKS`, else `../shared/benchmarks`."""
+    """Return the benchmarks folder: `$FLOWLEARN_BENCHMARKS`, else the copy shipped in the package.
+
+    The eight files are the AgentFlow authors' published test sets (MIT); `data/SOURCE.md` says
+    where they come from and lists the paper's figures.
+    """
     if os.environ.get(DATA_ENV):
         return Path(os.environ[DATA_ENV]).expanduser()
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "benchmarks"
+    return Path(__file__).resolve().parent / "data"
 
 
 def load_benchmark(
