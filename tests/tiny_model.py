@@ -16,8 +16,15 @@ CORPUS = [
 ]
 
 
-def build_tiny_model(folder: Path, seed: int = 0) -> Path:
-    """Train a byte-level BPE on a few lines, build a ~0.2M-parameter Qwen2, save both."""
+def build_tiny_model(
+    folder: Path,
+    seed: int = 0,
+    *,
+    texts: list[str] | None = None,
+    vocab_size: int = 400,
+    hidden_size: int = 32,
+) -> Path:
+    """Train a byte-level BPE on a few lines, build a tiny Qwen2, save both."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -27,11 +34,11 @@ def build_tiny_model(folder: Path, seed: int = 0) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400,
+        vocab_size=vocab_size,
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.train_from_iterator(texts or CORPUS * 4, trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -42,8 +49,8 @@ def build_tiny_model(folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
