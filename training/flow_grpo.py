@@ -228,11 +228,11 @@ def _add_step_credit(
         for tid, kept in turns.items()
         for index, transition in enumerate(kept, 1)
     }
-    returns: dict[tuple[str, str], list[tuple[FlowGRPORow, float]]] = defaultdict(list)
+    returns: dict[tuple[str, tuple[int, ...]], list[tuple[FlowGRPORow, float]]] = defaultdict(list)
     for row in rows:
         index, total = position[(row.trajectory_id, row.turn)]
         value = credit.gamma ** (total - index) * rewards[row.trajectory_id]
-        returns[(row.group_id, str(hash(tuple(row.prompt_ids))))].append((row, value))
+        returns[(row.group_id, tuple(row.prompt_ids))].append((row, value))
     shared = 0
     for members in returns.values():
         if len(members) < 2:

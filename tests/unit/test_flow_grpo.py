@@ -183,12 +183,11 @@ def test_step_credit_groups_turns_that_saw_the_same_input() -> None:
     from flowlearn.training import StepCredit
 
     group = hand_group()
-    for trajectory in group:  # every first turn saw the same prompt; later turns differ
+    # every first turn saw the same prompt; later turns differ across trajectories
+    for index, trajectory in enumerate(group):
         for transition in trajectory.transitions:
             transition.prompt_ids = (
-                [1, 2, 3]
-                if transition.turn == 1
-                else [9, transition.turn, hash(transition.trajectory_id) % 97]
+                [1, 2, 3] if transition.turn == 1 else [9, transition.turn, index]
             )
     plain = build_flow_grpo_rows(group, "paper")
     credited = build_flow_grpo_rows(group, "paper", step_credit=StepCredit(weight=0.5, gamma=0.9))
