@@ -13,6 +13,7 @@ from flowlearn.nodes.parsing import (
 from flowlearn.nodes.planner import make_planner
 from flowlearn.nodes.policy import ChatModelPolicy, Generation, Policy, Sampling
 from flowlearn.nodes.records import Plan, StepRecord, Transition
+from flowlearn.nodes.render import policy_transition
 from flowlearn.nodes.verifier import make_verifier
 
 __all__ = [
@@ -33,5 +34,6 @@ __all__ = [
     "match_tool_name",
     "parse_planner_output",
     "parse_verdict",
+    "policy_transition",
     "render_catalogue",
 ]

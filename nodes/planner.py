@@ -10,12 +10,13 @@ from langchain_core.tools import BaseTool
 
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
-from flowlearn.nodes.policy import Generation, Policy, Sampling
+from flowlearn.nodes.policy import Policy, Sampling
 from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
 from flowlearn.nodes.records import ParseStatus
 from flowlearn.nodes.render import (
     emit,
     invoke_text,
+    policy_transition,
     prompt_messages,
     render_memory,
     summarize,
@@ -83,10 +84,7 @@ def make_planner(
             text, seconds = invoke_text(analysis_engine, messages)
             return text, dict(transition("query_analysis", 0, messages, text, "ok", seconds))
         gen = policy.generate(messages, sampling)
-        record = transition(
-            "query_analysis", 0, messages, gen.text, "ok", gen.seconds, **_policy_fields(gen)
-        )
-        return gen.text, dict(record)
+        return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))
 
     def planner(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         from flowlearn.graphs.context import Context
@@ -138,11 +136,7 @@ def make_planner(
             )
             status = "unknown_tool"
         update["step"] = step
-        update["transitions"].append(
-            transition(
-                "planner", step, messages, gen.text, status, gen.seconds, **_policy_fields(gen)
-            )
-        )
+        update["transitions"].append(policy_transition("planner", step, messages, gen, status))
         if error is not None or tool is None:
             update["plan"] = None
             update["memory"] = [
@@ -170,13 +164,3 @@ def make_planner(
         return update
 
     return planner
-
-
-def _policy_fields(gen: Generation) -> dict[str, Any]:
-    return {
-        "prompt_ids": gen.prompt_ids,
-        "completion_ids": gen.completion_ids,
-        "logprobs": gen.logprobs,
-        "policy_version": gen.policy_version,
-        "sampling": gen.sampling,
-    }

@@ -14,6 +14,8 @@ from flowlearn.nodes.records import ParseStatus, StepRecord, Transition
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
 
+    from flowlearn.nodes.policy import Generation
+
 
 def render_memory(memory: Sequence[StepRecord]) -> str:
     """Render step records as numbered lines the agents can read."""
@@ -75,6 +77,33 @@ def transition(
     }
     record.update(policy_fields)  # type: ignore[typeddict-item]
     return record
+
+
+def policy_transition(
+    node: str,
+    turn: int,
+    messages: list[dict[str, str]],
+    generation: Generation,
+    parse_status: ParseStatus = "ok",
+) -> Transition:
+    """Build the transition of one policy call, with its exact token ids and logprobs.
+
+    Custom nodes append this to the `transitions` state key; training turns every such record
+    into Flow-GRPO rows, whatever node wrote it.
+    """
+    return transition(
+        node,
+        turn,
+        messages,
+        generation.text,
+        parse_status,
+        generation.seconds,
+        prompt_ids=generation.prompt_ids,
+        completion_ids=generation.completion_ids,
+        logprobs=generation.logprobs,
+        policy_version=generation.policy_version,
+        sampling=generation.sampling,
+    )
 
 
 def invoke_text(engine: BaseChatModel, messages: list[dict[str, str]]) -> tuple[str, float]:

@@ -23,18 +23,28 @@ def build_tiny_model(
     texts: list[str] | None = None,
     vocab_size: int = 400,
     hidden_size: int = 32,
+    whole_text: bool = False,
+    min_frequency: int = 0,
 ) -> Path:
-    """Train a byte-level BPE on a few lines, build a tiny Qwen2, save both."""
+    """Train a byte-level BPE on a few lines, build a tiny Qwen2, save both.
+
+    With `whole_text`, merges may cross spaces and newlines, so text repeated across prompts,
+    like a template, becomes a few long tokens and a tiny model sees short sequences. Load such
+    a tokenizer with `PreTrainedTokenizerFast.from_pretrained`: `AutoTokenizer` would swap in
+    Qwen2's own pre-tokenizer for a `qwen2` model folder. `min_frequency` keeps rare pairs
+    (say, one question's words) from merging into the template around them.
+    """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not whole_text)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
+        min_frequency=min_frequency,
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )

@@ -86,7 +86,7 @@ def build_flow_grpo_rows(
     trajectories: Iterable[Trajectory],
     mode: Mode = "paper",
     *,
-    nodes: Sequence[str] = ("planner",),
+    nodes: Sequence[str] | None = ("planner",),
     scale: Scale = "group",
     drop_zero_variance: bool = False,
     eps: float = 1e-6,
@@ -101,7 +101,8 @@ def build_flow_grpo_rows(
         mode: `paper` (Eq. 10 weights, default), `official` (the official code: the turns of a
             question pooled for normalisation, token-mean loss) or `sequence` (each row's
             tokens averaged, rows averaged).
-        nodes: which nodes' transitions become rows (the planner by default).
+        nodes: which nodes' transitions become rows (the planner by default); None: every
+            transition that carries token ids, whatever node wrote it.
         scale: divide by the group's std (`group`), the whole batch's std (`batch`), or not
             at all (`none`, Dr. GRPO style).
         drop_zero_variance: drop groups whose rewards are all equal (no signal).
@@ -129,7 +130,9 @@ def build_flow_grpo_rows(
         for trajectory in members:
             kept = []
             for transition in trajectory.transitions:
-                if transition.node not in nodes:
+                if nodes is None and transition.completion_ids is None:
+                    continue
+                if nodes is not None and transition.node not in nodes:
                     continue
                 _check(transition)
                 if max_prompt_length and len(transition.prompt_ids or []) > max_prompt_length:

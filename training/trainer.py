@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,8 +30,10 @@ from flowlearn.evals.scorers import Score
 from flowlearn.graphs.agentflow import build_agentflow
 from flowlearn.graphs.context import Context
 from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policy import Policy
 from flowlearn.training.collect import collect
 from flowlearn.training.flow_grpo import Mode, Scale, StepCredit, build_flow_grpo_rows
+from flowlearn.training.metrics import FlowMetricsCallback
 from flowlearn.training.store import TrajectoryStore
 from flowlearn.training.tensors import rows_to_tensors
 from flowlearn.training.trajectory import Trajectory
@@ -67,6 +70,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         args: GRPOConfig,
         engine: Any = None,
         tools: Sequence[Any] = (),
+        graph_factory: Callable[[Policy], Any] | None = None,
+        nodes: Sequence[str] | None = None,
         scorer: Callable[[str, Case], Score] | None = None,
         cases: Sequence[Case] = (),
         trajectories: Sequence[Trajectory] | None = None,
@@ -79,7 +84,29 @@ class FlowGRPOTrainer(GRPOTrainer):
         rollout_store: TrajectoryStore | None = None,
         **kwargs: Any,
     ) -> None:
-        """Set up online training (engine, tools, scorer, cases) or offline (trajectories).
+        """Set up online training (cases, scorer and a flow) or offline (trajectories).
+
+        Args:
+            model: the policy to train (a transformers model, or a PeftModel for LoRA).
+            args: TRL's config; `temperature` must equal the planner temperature of `context`.
+            engine: the fixed chat model of the default AgentFlow graph.
+            tools: the tools of the default AgentFlow graph.
+            graph_factory: instead of engine and tools, any graph: a function from the live
+                policy to a compiled graph whose nodes append policy calls to `transitions`
+                (see `flowlearn.nodes.policy_transition`).
+            nodes: which nodes' transitions become rows; None: every transition that carries
+                token ids, i.e. every call of the policy being trained.
+            scorer: `(answer, case) -> Score`, the outcome reward.
+            cases: the training questions (online mode).
+            trajectories: exported, rewarded trajectories (offline mode).
+            context: the graph's run context (budget, planner sampling).
+            mode: the Flow-GRPO weighting mode (`build_flow_grpo_rows`).
+            scale: the advantage scaling (`build_flow_grpo_rows`).
+            drop_zero_variance: drop groups whose rewards are all equal.
+            step_credit: optional GiGPO-style step credit.
+            extra_rewards: named reward terms added to the outcome (e.g. `format_penalty()`).
+            rollout_store: where every rollout is also appended, for inspection or reuse.
+            **kwargs: passed to `GRPOTrainer` (e.g. `processing_class`, `callbacks`).
 
         Raises:
             ValueError: neither or both sources, or sampling settings that disagree.
@@ -108,6 +135,8 @@ class FlowGRPOTrainer(GRPOTrainer):
                 "generation batch is one update, as in the paper"
             )
         self.engine, self.flow_tools = engine, list(tools)
+        self.graph_factory = graph_factory or self._agentflow
+        self.nodes = nodes
         self.scorer: Callable[[str, Case], Score] = scorer or _no_scorer
         self.mode, self.scale, self.drop_zero_variance = mode, scale, drop_zero_variance
         self.rollout_store = rollout_store
@@ -119,8 +148,18 @@ class FlowGRPOTrainer(GRPOTrainer):
                 self.offline.setdefault(trajectory.group_id, []).append(trajectory)
             dataset = cases_dataset([Case(g, g, None) for g in sorted(self.offline)])
         else:
-            if engine is None or scorer is None or not tools:
-                raise ValueError("online training needs engine, tools and scorer")
+            if scorer is None:
+                raise ValueError("online training needs a scorer for the rollouts' answers")
+            if graph_factory is None and (engine is None or not tools):
+                raise ValueError(
+                    "online training needs a graph: give graph_factory, or engine and tools "
+                    "for the default AgentFlow graph"
+                )
+            if graph_factory is not None and (engine is not None or tools):
+                raise ValueError(
+                    "give graph_factory or engine and tools, not both: the factory builds "
+                    "the whole graph"
+                )
             dataset = cases_dataset(cases)
         per_step = args.per_device_train_batch_size // max(int(args.num_generations or 1), 1)
         if len(dataset) < per_step:
@@ -136,6 +175,9 @@ class FlowGRPOTrainer(GRPOTrainer):
         )
         self.group_size = int(args.num_generations or 1)
         self.flow_args: GRPOConfig = args
+        self.rollout_ended: float | None = None
+        self.group_rewards: dict[str, float] = {}
+        self.add_callback(FlowMetricsCallback(self))
 
     def rollout(self, cases: list[Case]) -> list[Trajectory]:
         """Run G rollouts per case with the live model as the planner."""
@@ -143,7 +185,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         policy = HFPolicy(
             model, self.processing_class, version=f"{self.args.output_dir}@{self.state.global_step}"
         )
-        graph = build_agentflow(policy, self.engine, self.flow_tools)
+        graph = self.graph_factory(policy)
         was_training = model.training
         model.eval()
         try:
@@ -162,7 +204,11 @@ class FlowGRPOTrainer(GRPOTrainer):
         finally:
             model.train(was_training)
 
+    def _agentflow(self, policy: Policy) -> Any:
+        return build_agentflow(policy, self.engine, self.flow_tools)
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        started = time.perf_counter()
         seen: dict[str, Case] = {}
         for item in inputs:  # TRL repeats each prompt G times; we roll each question out G times
             case = Case(**json.loads(item["case"]))
@@ -174,6 +220,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         batch = build_flow_grpo_rows(
             trajectories,
             self.mode,
+            nodes=self.nodes,
             scale=self.scale,
             drop_zero_variance=self.drop_zero_variance,
             max_completion_length=self.flow_args.max_completion_length,
@@ -183,11 +230,33 @@ class FlowGRPOTrainer(GRPOTrainer):
         output = rows_to_tensors(batch.rows, tokenizer.pad_token_id, self.accelerator.device)
         if self.beta != 0.0:
             output["ref_per_token_logps"] = self._reference_logps(output)
-        live: Any = self.model
-        mode = "train" if live.training else "eval"
-        for key in ("mean_reward", "zero_variance_share", "rows", "tokens", "mean_turns"):
-            self._metrics[mode][f"flow/{key}"].append(float(batch.stats[key]))
+        self._log_flow_metrics(trajectories, batch.stats, time.perf_counter() - started)
         return output
+
+    def _log_flow_metrics(
+        self, trajectories: list[Trajectory], stats: dict[str, Any], seconds: float
+    ) -> None:
+        live: Any = self.model
+        metrics = self._metrics["train" if live.training else "eval"]
+        for key in ("mean_reward", "zero_variance_share", "rows", "tokens", "mean_turns"):
+            metrics[f"flow/{key}"].append(float(stats[key]))
+        turns = [
+            t
+            for trajectory in trajectories
+            for t in trajectory.transitions
+            if t.completion_ids is not None
+        ]
+        bad = sum(t.parse_status != "ok" for t in turns)
+        metrics["flow/format_error_rate"].append(bad / len(turns) if turns else 0.0)
+        metrics["flow/completion_length"].append(
+            sum(len(t.completion_ids or []) for t in turns) / len(turns) if turns else 0.0
+        )
+        metrics["flow/rollout_seconds"].append(seconds)
+        groups: dict[str, list[float]] = {}
+        for trajectory in trajectories:
+            groups.setdefault(trajectory.group_id, []).append(trajectory.total_reward)
+        self.group_rewards = {g: sum(r) / len(r) for g, r in groups.items()}
+        self.rollout_ended = time.perf_counter()
 
     def _reference_logps(self, tensors: dict[str, Any]) -> Any:
         ids = torch.cat([tensors["prompt_ids"], tensors["completion_ids"]], dim=1)

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).parents[1]), str(Path(__file__).parent)]
 
 from task import make_cases, scripted_engine, write_corpus  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
 from warmup import FORMAT, build_policy_model, warm_up_format  # noqa: E402
 
@@ -54,11 +54,11 @@ def main(workdir: Path = Path("/tmp/flowlearn-learning-probe"), steps: int = 30)
     graph = build_agentflow(recorder, engine, tools)
     for case in train_cases:
         graph.invoke({"question": case.query}, context=Context(max_steps=1))
-    texts = [m[-1]["content"] for m in recorder.messages]
+    texts = [m["content"] for messages in recorder.messages for m in messages]
     texts += [FORMAT.format(tool=t) for t in ("python", "local_search")] * 20
     folder = build_policy_model(workdir / "policy", texts)
     model = AutoModelForCausalLM.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
     warm_up_format(model, tokenizer, recorder.messages, ["python", "local_search"], epochs=4)
     greedy = Context(max_steps=1, planner_temperature=0.0, planner_max_new_tokens=24)
 
@@ -75,7 +75,8 @@ def main(workdir: Path = Path("/tmp/flowlearn-learning-probe"), steps: int = 30)
         steps_per_generation=1,
         gradient_accumulation_steps=1,
         max_steps=steps,
-        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        learning_rate=float(sys.argv[1]) if len(sys.argv) > 1 else 1e-3,
         temperature=0.7,
         loss_type="dapo",
         beta=0.0,

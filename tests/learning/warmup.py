@@ -14,7 +14,9 @@ FORMAT = "Sub-Goal: answer the question\nTool Name: {tool}"
 
 def build_policy_model(folder: Path, texts: Sequence[str], seed: int = 0) -> Path:
     """A byte-level BPE fitted to the task's prompts and a small Qwen2, saved to `folder`."""
-    return build_tiny_model(folder, seed, texts=list(texts), vocab_size=1200, hidden_size=64)
+    return build_tiny_model(
+        folder, seed, texts=list(texts), vocab_size=4000, hidden_size=64, whole_text=True
+    )
 
 
 def warm_up_format(

@@ -22,6 +22,7 @@ from flowlearn.graphs import Context
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Sampling
 from flowlearn.training import TrajectoryStore, build_flow_grpo_rows
+from flowlearn.training.metrics import read_metrics
 from flowlearn.training.trainer import FlowGRPOTrainer
 from flowlearn.training.trajectory import Trajectory, Transition
 
@@ -111,6 +112,24 @@ def test_online_training_updates_the_planner_in_the_flow(
     assert {v.rsplit("@", 1)[1] for v in versions} == {"0", "1"}  # step 2 used updated weights
     logged = [h for h in trainer.state.log_history if "flow/rows" in h]
     assert len(logged) == 2 and all(h["flow/tokens"] > 0 for h in logged)
+    out = tmp_path / "out"
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    health = {
+        "flow/mean_reward",
+        "flow/zero_variance_share",
+        "flow/format_error_rate",
+        "flow/mean_turns",
+        "flow/completion_length",
+        "flow/rollout_seconds",
+        "flow/update_seconds",
+        "entropy",
+        "clip_ratio/region_mean",
+        "group_rewards",
+    }
+    assert health <= set(records[0]), health - set(records[0])
+    assert set(records[0]["group_rewards"]) <= {c.id for c in CASES}
+    assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def perturbed_trajectories(policy: HFPolicy, seed: int) -> list[Trajectory]:

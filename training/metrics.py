@@ -1,0 +1,115 @@
+"""Health metrics of a Flow-GRPO run: a metrics JSONL and a reward-curve PNG beside checkpoints.
+
+Every logging step appends one JSON line to `output_dir/metrics.jsonl` with TRL's own metrics
+(loss, entropy, KL, clip ratios, learning rate, step time) and the flow's (`flow/*`: mean
+reward, zero-variance group share, format-error rate, mean turns, completion length, rollout
+and update seconds) plus the mean reward of each group. On resume, lines past the checkpoint's
+step are dropped first, so the file never holds a step twice. The PNG is redrawn at every save
+and at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "reward_curve.png"
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Return the records of a metrics JSONL, skipping a torn last line."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def plot_reward_curve(records: list[dict[str, Any]], path: str | Path) -> Path | None:
+    """Draw mean reward (and format-error rate) per step into a PNG; None without data."""
+    points = [(r["step"], r["flow/mean_reward"]) for r in records if "flow/mean_reward" in r]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.plot(*zip(*points, strict=True), marker="o", label="mean reward")
+    key = "flow/format_error_rate"
+    errors = [(r["step"], r[key]) for r in records if key in r]
+    if errors:
+        axis.plot(*zip(*errors, strict=True), linestyle="--", label="format-error rate")
+    axis.set_xlabel("step")
+    axis.set_ylim(-0.05, 1.05)
+    axis.set_title("Flow-GRPO rollouts")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    path = Path(path)
+    partial = path.with_suffix(".tmp.png")
+    figure.savefig(partial, dpi=100)
+    plt.close(figure)
+    os.replace(partial, path)
+    return path
+
+
+class FlowMetricsCallback(TrainerCallback):
+    """Write the metrics JSONL and reward curve of a `FlowGRPOTrainer` run."""
+
+    def __init__(self, trainer: Any) -> None:
+        """Attach to `trainer`, whose last rollout timing and group rewards it reads."""
+        self.trainer = trainer
+        self.path = Path(trainer.args.output_dir) / METRICS_FILE
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Create the file, or cut it back to the step training resumes from."""
+        if not state.is_world_process_zero:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= state.global_step]
+            partial = self.path.with_suffix(".tmp")
+            partial.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            os.replace(partial, self.path)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Record how long the update took after this step's rollouts."""
+        ended = getattr(self.trainer, "rollout_ended", None)
+        if ended is not None:
+            metrics = self.trainer._metrics["train"]
+            metrics["flow/update_seconds"].append(time.perf_counter() - ended)
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        """Append this step's metrics and group rewards as one JSON line."""
+        if not state.is_world_process_zero or not logs or "flow/mean_reward" not in logs:
+            return
+        record = {"step": state.global_step, **logs}
+        record["group_rewards"] = dict(getattr(self.trainer, "group_rewards", {}))
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, default=float) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Redraw the reward curve beside the checkpoints."""
+        self._plot(state)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Draw the final reward curve."""
+        self._plot(state)
+
+    def _plot(self, state: Any) -> None:
+        if state.is_world_process_zero and self.path.exists():
+            plot_reward_curve(read_metrics(self.path), self.path.parent / CURVE_FILE)
