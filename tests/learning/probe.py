@@ -1,10 +1,26 @@
 """Probe whether Flow-GRPO teaches a tiny planner the tool-choice task (work in progress).
 
-Run: `python tests/learning/probe.py`. It builds a small Qwen2 with a tokenizer fitted to the
-task's planner prompts, warms it up on the output format with random tool choices, measures
-held-out greedy success, trains with FlowGRPOTrainer through the real flow, and measures again.
-Issue 7 asks for success >= 0.9 from about chance; see the issue note for what it reached.
-"""
+Run: `python tests/learning/probe.py [LR]`. It builds a small Qwen2 whose tokenizer is fitted to
+the task's planner prompts (merges cross spaces, so a prompt is about 30 tokens), warms it up on
+the output format with random tool choices, measures held-out greedy success, trains with
+FlowGRPOTrainer through the real flow, and measures again. Issue 7 asks for >= 0.9 from chance.
+
+What was measured (2026-11-30, 2 CPU cores, about 3 s per step of 8 questions x 4 rollouts):
+- The pipeline is right: rewards follow the tool choice, advantages and rows are as expected,
+  and offline steps on hand-built balanced groups move P(correct tool) the right way.
+- It does not learn in 30 steps at lr 1e-3 or 3e-3: the policy's choice stays independent of
+  the question while its overall tool preference drifts (the class imbalance of each batch
+  dominates, because the last position's hidden state barely depends on the question).
+- The random-label warm-up is what removes that dependence: supervised training on the right
+  tools learns in about 12 steps from a fresh model, but stalls after 20+ warm-up steps.
+  Larger init (initializer_range 0.1) keeps plasticity (supervised learns in 3-6 steps after
+  warm-up), but RL's first Adam steps then collapse to one tool.
+- The planner prompt's own example ends with "Tool Name: python", and with cross-space merges
+  several tokens spell that ending, which biases sampling towards python.
+Next to try: a warm-up that keeps the choice input-dependent (short, or a set-marginal loss over
+the two format tokens), a smaller first-step size (Adam eps or warm-up of the learning rate),
+balanced question types per batch, and a tokenizer whose tool name is its own token.
+
 
 from __future__ import annotations
 
