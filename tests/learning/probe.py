@@ -20,7 +20,7 @@ What was measured (2026-11-30, 2 CPU cores, about 3 s per step of 8 questions x 
 Next to try: a warm-up that keeps the choice input-dependent (short, or a set-marginal loss over
 the two format tokens), a smaller first-step size (Adam eps or warm-up of the learning rate),
 balanced question types per batch, and a tokenizer whose tool name is its own token.
-
+"""
 
 from __future__ import annotations
 
