@@ -1,0 +1,236 @@
+"""Dynamic batching: concurrent policy calls from many in-flight flows share one forward pass.
+
+RL on agent flows spends most of its time generating. With G rollouts of Q questions in flight
+(threads or asyncio), `BatchingPolicy` queues each `generate` call, waits at most `max_wait_s`
+for others, and decodes up to `max_batch_size` of them together: prompts left-padded, one
+KV-cached decoding loop, and for every request its own temperature, top-p, seed, token budget
+and stop at EOS. Each request gets back exactly what a single call logs: its prompt ids, the
+ids it sampled and `log_softmax(logits / temperature)` of each (temperature 1 for greedy).
+A request that fails (say, a prompt longer than the model allows) fails alone: a batch that
+raises is retried one request at a time.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policy import Generation, Messages, Sampling
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: Sampling
+    future: Future[Generation] = field(default_factory=Future)
+
+
+class BatchingPolicy:
+    """A `Policy` that coalesces concurrent calls to an `HFPolicy` into batched decoding."""
+
+    def __init__(
+        self, policy: HFPolicy, *, max_batch_size: int = 16, max_wait_s: float = 0.005
+    ) -> None:
+        """Wrap `policy` (its model, tokenizer, version and lock are shared).
+
+        Args:
+            policy: the single-call policy whose model decodes the batches.
+            max_batch_size: the most requests decoded together.
+            max_wait_s: how long the first request of a batch waits for company.
+
+        Raises:
+            ValueError: a batch size below 1 or a negative wait.
+
+        """
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        self.policy = policy
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self._queue: queue.Queue[_Request] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.batch_sizes: list[int] = []
+        """Sizes of the batches decoded so far (for benchmarks and tests)."""
+
+    @property
+    def model(self) -> Any:
+        """The wrapped model."""
+        return self.policy.model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The wrapped tokenizer."""
+        return self.policy.tokenizer
+
+    @property
+    def version(self) -> str:
+        """The wrapped policy's version tag."""
+        return self.policy.version
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        """Render messages to prompt ids with the wrapped policy's chat template."""
+        return self.policy.encode_chat(messages)
+
+    def generate(
+        self, messages: Messages, sampling: Sampling, *, streamer: Any = None
+    ) -> Generation:
+        """Queue one call and block until its batch is decoded; streaming calls run alone."""
+        if streamer is not None:
+            return self.policy.generate(messages, sampling, streamer=streamer)
+        request = _Request(self.policy.encode_chat(messages), sampling)
+        self._ensure_worker()
+        self._queue.put(request)
+        return request.future.result()
+
+    def _ensure_worker(self) -> None:
+        with self._start_lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(
+                    target=self._serve, name="flowlearn-batching", daemon=True
+                )
+                self._worker.start()
+
+    def _serve(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            deadline = time.perf_counter() + self.max_wait_s
+            while len(batch) < self.max_batch_size:
+                try:
+                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.perf_counter())))
+                except queue.Empty:
+                    break
+            self._run(batch)
+
+    def _run(self, batch: list[_Request]) -> None:
+        start = time.perf_counter()
+        try:
+            results = self.decode([r.prompt_ids for r in batch], [r.sampling for r in batch])
+        except Exception:
+            if len(batch) == 1:
+                import sys
+
+                batch[0].future.set_exception(sys.exc_info()[1] or RuntimeError("decode failed"))
+                return
+            for request in batch:  # find the culprit: only it fails
+                self._run([request])
+            return
+        self.batch_sizes.append(len(batch))
+        seconds = time.perf_counter() - start
+        for request, (completion, logprobs) in zip(batch, results, strict=True):
+            request.future.set_result(
+                Generation(
+                    text=self.tokenizer.decode(completion, skip_special_tokens=True),
+                    prompt_ids=request.prompt_ids,
+                    completion_ids=completion,
+                    logprobs=logprobs,
+                    policy_version=self.version,
+                    sampling=request.sampling.as_dict(),
+                    seconds=seconds,
+                )
+            )
+
+    def decode(
+        self, prompts: list[list[int]], samplings: list[Sampling]
+    ) -> list[tuple[list[int], list[float]]]:
+        """Decode several prompts together; return each one's completion ids and logprobs."""
+        import torch
+
+        model = self.model
+        limit = getattr(model.config, "max_position_embeddings", None)
+        for prompt, sampling in zip(prompts, samplings, strict=True):
+            if not prompt:
+                raise ValueError("empty prompt: the chat template produced no tokens")
+            if limit is not None and len(prompt) + sampling.max_new_tokens > limit:
+                raise ValueError(
+                    f"prompt of {len(prompt)} tokens + {sampling.max_new_tokens} new tokens "
+                    f"exceeds the model's {limit} positions; shorten the prompt or the budget"
+                )
+        eos = model.generation_config.eos_token_id or self.tokenizer.eos_token_id
+        stops = set(eos if isinstance(eos, list) else [eos])
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        device = model.device
+        n, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        generators = [_generator(s.seed, device) for s in samplings]
+        completions: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        done = [s.max_new_tokens <= 0 for s in samplings]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache_arg = _cache_argument(model)
+        with self.policy._lock, torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            past, last = getattr(out, cache_arg), positions[:, -1]
+            for _ in range(max(s.max_new_tokens for s in samplings)):
+                logits = out.logits[:, -1, :].float()
+                chosen = torch.full((n,), pad, dtype=torch.long)
+                for i, sampling in enumerate(samplings):
+                    if done[i]:
+                        continue
+                    token, logprob = _pick(logits[i], sampling, generators[i])
+                    completions[i].append(token)
+                    logprobs[i].append(logprob)
+                    chosen[i] = token
+                    done[i] = token in stops or len(completions[i]) >= sampling.max_new_tokens
+                if all(done):
+                    break
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], 1)
+                last = last + 1
+                out = model(
+                    input_ids=chosen.unsqueeze(1).to(device),
+                    attention_mask=mask,
+                    position_ids=last.unsqueeze(1),
+                    use_cache=True,
+                    **{cache_arg: past},
+                )
+                past = getattr(out, cache_arg)
+        return list(zip(completions, logprobs, strict=True))
+
+
+def _cache_argument(model: Any) -> str:
+    """Return the KV-cache keyword of this transformers: `cache` (5.x) or `past_key_values`."""
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _generator(seed: int | None, device: Any) -> Any:
+    import torch
+
+    generator = torch.Generator(device=device)
+    if seed is not None:
+        generator.manual_seed(seed)
+    else:
+        generator.seed()
+    return generator
+
+
+def _pick(logits: Any, sampling: Sampling, generator: Any) -> tuple[int, float]:
+    """Choose one token as the single-call policy would, with its logprob."""
+    import torch
+
+    if sampling.temperature == 0:
+        token = int(torch.argmax(logits))
+        return token, float(torch.log_softmax(logits, -1)[token])
+    scaled = torch.log_softmax(logits / sampling.temperature, -1)
+    probs = scaled.exp()
+    if sampling.top_p < 1.0:  # top-p truncates the tail; the logprob stays the full one
+        ordered, order = torch.sort(probs, descending=True)
+        outside = ordered.cumsum(-1) - ordered > sampling.top_p
+        probs = probs.clone()
+        probs[order[outside]] = 0.0
+    token = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+    return token, float(scaled[token])

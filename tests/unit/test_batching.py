@@ -1,0 +1,101 @@
+"""BatchingPolicy: concurrent calls decoded together, each logged as a single call would be."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from flowlearn.nodes.batching import BatchingPolicy
+from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policy import Generation, Sampling
+
+PROMPTS = ["What is 17 * 23?", "Capital of France?", "Tool Name: python", "Hi"]
+
+
+def chat(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def together(policy: BatchingPolicy, calls: list[tuple[str, Sampling]]) -> list[Any]:
+    """Start every call at once from its own thread; return results or exceptions."""
+
+    def one(call: tuple[str, Sampling]) -> Any:
+        try:
+            return policy.generate(chat(call[0]), call[1])
+        except Exception as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return list(pool.map(one, calls))
+
+
+def rescored(policy: HFPolicy, generation: Generation, temperature: float) -> list[float]:
+    """Logprobs of the completion recomputed by one forward pass over prompt + completion."""
+    ids = torch.tensor([generation.prompt_ids + generation.completion_ids])
+    with torch.no_grad():
+        logits = policy.model(input_ids=ids).logits[0].float()
+    start = len(generation.prompt_ids)
+    steps = logits[start - 1 : start - 1 + len(generation.completion_ids)]
+    scaled = torch.log_softmax(steps / (temperature or 1.0), -1)
+    return [float(scaled[j, t]) for j, t in enumerate(generation.completion_ids)]
+
+
+@pytest.fixture
+def policies(tiny_model_dir: Path) -> tuple[HFPolicy, BatchingPolicy]:
+    single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
+    return single, BatchingPolicy(single, max_batch_size=8, max_wait_s=0.2)
+
+
+def test_greedy_batch_matches_single_calls(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
+    single, batched = policies
+    greedy = Sampling(temperature=0.0, max_new_tokens=12)
+    results = together(batched, [(p, greedy) for p in PROMPTS])
+    assert max(batched.batch_sizes) > 1  # they really shared a batch
+    for prompt, got in zip(PROMPTS, results, strict=True):
+        alone = single.generate(chat(prompt), greedy)
+        assert got.prompt_ids == alone.prompt_ids
+        assert got.completion_ids == alone.completion_ids
+        assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+        assert got.policy_version == alone.policy_version
+
+
+def test_each_request_keeps_its_own_sampling(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
+    single, batched = policies
+    calls = [
+        (PROMPTS[0], Sampling(temperature=0.0, max_new_tokens=10)),
+        (PROMPTS[1], Sampling(temperature=1.0, max_new_tokens=7, seed=1)),
+        (PROMPTS[2], Sampling(temperature=0.5, top_p=0.9, max_new_tokens=3, seed=2)),
+        (PROMPTS[3], Sampling(temperature=1.3, max_new_tokens=5, seed=3)),
+    ]
+    results = together(batched, calls)
+    for (_, sampling), got in zip(calls, results, strict=True):
+        assert 1 <= len(got.completion_ids) <= sampling.max_new_tokens
+        assert got.sampling == sampling.as_dict()
+        expected = rescored(single, got, sampling.temperature)
+        assert got.logprobs == pytest.approx(expected, abs=1e-4)
+    # the same seed samples the same tokens, whatever else shares the batch
+    again = together(batched, [calls[1], (PROMPTS[0], Sampling(temperature=1.0, seed=9))])
+    assert again[0].completion_ids == results[1].completion_ids
+
+
+def test_a_failing_request_fails_alone(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
+    _, batched = policies
+    fine = Sampling(temperature=0.0, max_new_tokens=4)
+    results = together(
+        batched,
+        [(PROMPTS[0], fine), (PROMPTS[1], Sampling(max_new_tokens=10**7)), (PROMPTS[2], fine)],
+    )
+    assert isinstance(results[1], ValueError) and "positions" in str(results[1])
+    assert all(isinstance(r, Generation) for r in (results[0], results[2]))
+
+
+def test_bad_settings_are_errors(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
+    single, _ = policies
+    with pytest.raises(ValueError, match="max_batch_size"):
+        BatchingPolicy(single, max_batch_size=0)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        BatchingPolicy(single, max_wait_s=-1)
