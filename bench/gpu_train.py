@@ -21,19 +21,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 
-import torch  # noqa: E402
-from fakes import FakeChatModel  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from trl import GRPOConfig, GRPOTrainer
 
-from flowlearn.evals.benchmarks import score_case  # noqa: E402
-from flowlearn.evals.cases import Case  # noqa: E402
-from flowlearn.graphs import Context  # noqa: E402
-from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT  # noqa: E402
-from flowlearn.nodes.tools import python_tool  # noqa: E402
-from flowlearn.training.metrics import read_metrics  # noqa: E402
-from flowlearn.training.trainer import FlowGRPOTrainer  # noqa: E402
+from fakes import FakeChatModel
+from flowlearn.evals.benchmarks import score_case
+from flowlearn.evals.cases import Case
+from flowlearn.graphs import Context
+from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
+from flowlearn.nodes.tools import python_tool
+from flowlearn.training.metrics import read_metrics
+from flowlearn.training.trainer import FlowGRPOTrainer
 
 RESULTS = Path(__file__).parent / "results" / "gpu_train.json"
 CHATML = (
@@ -246,7 +246,7 @@ def main() -> None:
     result = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (--tiny script check)",
         "model": "Qwen2.5-0.5B configuration, random init, bf16" if cuda else "tiny Qwen2, fp32",
-        "settings": {k: getattr(args, k) for k in ("steps", "questions", "group", "turns", "tokens")},
+        "settings": {k: vars(args)[k] for k in ("steps", "questions", "group", "turns", "tokens")},
         "flow_grpo": flow,
         "trl_grpo": stock,
         "tokens_per_second_ratio_flow_over_stock": flow["completion_tokens_per_second"]

@@ -79,6 +79,7 @@ def build_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flow:
             device=args.device,
             dtype=args.dtype,
             engine_max_new_tokens=args.engine_max_new_tokens,
+            batch_size=getattr(args, "concurrency", 1),  # concurrent flows share batches
         )
         tools = default_tools(models.engine, corpus=args.corpus, web=args.web or None)
     except (ValueError, ModelNotFoundError) as exc:

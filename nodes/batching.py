@@ -30,8 +30,12 @@ class _Request:
     future: Future[Generation] = field(default_factory=Future)
 
 
-class BatchingPolicy:
-    """A `Policy` that coalesces concurrent calls to an `HFPolicy` into batched decoding."""
+class BatchingPolicy(HFPolicy):
+    """An `HFPolicy` that coalesces concurrent calls into batched decoding.
+
+    It is an `HFPolicy` over the same model and tokenizer (so `HFChatModel` takes it as its
+    backend), shares the wrapped policy's lock, and streams (which needs one sequence) alone.
+    """
 
     def __init__(
         self, policy: HFPolicy, *, max_batch_size: int = 16, max_wait_s: float = 0.005
@@ -51,6 +55,8 @@ class BatchingPolicy:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        super().__init__(policy.model, policy.tokenizer, version=policy.version)
+        self._lock = policy._lock
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
@@ -60,32 +66,13 @@ class BatchingPolicy:
         self.batch_sizes: list[int] = []
         """Sizes of the batches decoded so far (for benchmarks and tests)."""
 
-    @property
-    def model(self) -> Any:
-        """The wrapped model."""
-        return self.policy.model
-
-    @property
-    def tokenizer(self) -> Any:
-        """The wrapped tokenizer."""
-        return self.policy.tokenizer
-
-    @property
-    def version(self) -> str:
-        """The wrapped policy's version tag."""
-        return self.policy.version
-
-    def encode_chat(self, messages: Messages) -> list[int]:
-        """Render messages to prompt ids with the wrapped policy's chat template."""
-        return self.policy.encode_chat(messages)
-
     def generate(
         self, messages: Messages, sampling: Sampling, *, streamer: Any = None
     ) -> Generation:
         """Queue one call and block until its batch is decoded; streaming calls run alone."""
         if streamer is not None:
             return self.policy.generate(messages, sampling, streamer=streamer)
-        request = _Request(self.policy.encode_chat(messages), sampling)
+        request = _Request(self.encode_chat(messages), sampling)
         self._ensure_worker()
         self._queue.put(request)
         return request.future.result()
@@ -170,7 +157,7 @@ class BatchingPolicy:
         done = [s.max_new_tokens <= 0 for s in samplings]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache_arg = _cache_argument(model)
-        with self.policy._lock, torch.no_grad():
+        with self._lock, torch.no_grad():
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
             past, last = getattr(out, cache_arg), positions[:, -1]
             for _ in range(max(s.max_new_tokens for s in samplings)):

@@ -27,11 +27,13 @@ def load_local_models(
     device: str | None = None,
     dtype: str | None = None,
     engine_max_new_tokens: int = 384,
+    batch_size: int = 1,
 ) -> LocalModels:
     """Load the planner and engine, from arguments, else `$FLOWLEARN_PLANNER` / `$FLOWLEARN_ENGINE`.
 
     Unnamed models are the embedded SmolLM2-135M-Instruct. When both resolve to the same source,
-    they share one model in memory.
+    they share one model in memory. With `batch_size` > 1, concurrent calls (from concurrent
+    rollouts or eval cases) are decoded together by a `BatchingPolicy` of that size.
     """
     planner_source = planner or os.environ.get(PLANNER_ENV) or "default"
     engine_source = engine or os.environ.get(ENGINE_ENV) or planner_source
@@ -41,6 +43,12 @@ def load_local_models(
         if engine_source == planner_source
         else HFPolicy.from_pretrained(engine_source, device=device, dtype=dtype)
     )
+    if batch_size > 1:
+        from flowlearn.nodes.batching import BatchingPolicy
+
+        shared = backend is policy
+        policy = BatchingPolicy(policy, max_batch_size=batch_size)
+        backend = policy if shared else BatchingPolicy(backend, max_batch_size=batch_size)
     return LocalModels(
         planner=policy, engine=HFChatModel(policy=backend, max_new_tokens=engine_max_new_tokens)
     )

@@ -29,6 +29,7 @@ from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs.agentflow import build_agentflow
 from flowlearn.graphs.context import Context
+from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Policy
 from flowlearn.training.collect import collect
@@ -82,6 +83,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         step_credit: StepCredit | None = None,
         extra_rewards: dict[str, Callable[[Trajectory], float]] | None = None,
         rollout_store: TrajectoryStore | None = None,
+        rollout_concurrency: int = 16,
         **kwargs: Any,
     ) -> None:
         """Set up online training (cases, scorer and a flow) or offline (trajectories).
@@ -106,6 +108,8 @@ class FlowGRPOTrainer(GRPOTrainer):
             step_credit: optional GiGPO-style step credit.
             extra_rewards: named reward terms added to the outcome (e.g. `format_penalty()`).
             rollout_store: where every rollout is also appended, for inspection or reuse.
+            rollout_concurrency: rollouts in flight at once; their planner calls are decoded
+                together in batches of up to this size (`BatchingPolicy`); 1 runs them in turn.
             **kwargs: passed to `GRPOTrainer` (e.g. `processing_class`, `callbacks`).
 
         Raises:
@@ -140,6 +144,9 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.scorer: Callable[[str, Case], Score] = scorer or _no_scorer
         self.mode, self.scale, self.drop_zero_variance = mode, scale, drop_zero_variance
         self.rollout_store = rollout_store
+        if rollout_concurrency < 1:
+            raise ValueError(f"rollout_concurrency must be >= 1, got {rollout_concurrency}")
+        self.rollout_concurrency = rollout_concurrency
         self.step_credit = step_credit
         self.extra_rewards = extra_rewards
         self.offline: dict[str, list[Trajectory]] = {}
@@ -182,9 +189,11 @@ class FlowGRPOTrainer(GRPOTrainer):
     def rollout(self, cases: list[Case]) -> list[Trajectory]:
         """Run G rollouts per case with the live model as the planner."""
         model = self.accelerator.unwrap_model(self.model)
-        policy = HFPolicy(
+        policy: HFPolicy = HFPolicy(
             model, self.processing_class, version=f"{self.args.output_dir}@{self.state.global_step}"
         )
+        if self.rollout_concurrency > 1:
+            policy = BatchingPolicy(policy, max_batch_size=self.rollout_concurrency)
         graph = self.graph_factory(policy)
         was_training = model.training
         model.eval()
@@ -196,7 +205,7 @@ class FlowGRPOTrainer(GRPOTrainer):
                 group_size=self.group_size,
                 store=self.rollout_store,
                 context=self.flow_context,
-                concurrency=1,
+                concurrency=self.rollout_concurrency,
                 progress=False,
                 extra_rewards=self.extra_rewards,
                 id_prefix=f"step{self.state.global_step}:",
