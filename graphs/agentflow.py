@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import RetryPolicy
 
 from flowlearn.graphs.context import Context
 from flowlearn.graphs.routing import route_after_planner, route_after_verifier
@@ -14,6 +15,7 @@ from flowlearn.nodes.executor import make_executor
 from flowlearn.nodes.generator import make_generator
 from flowlearn.nodes.planner import make_planner
 from flowlearn.nodes.policy import ChatModelPolicy, Policy
+from flowlearn.nodes.render import is_transient
 from flowlearn.nodes.verifier import make_verifier
 
 if TYPE_CHECKING:
@@ -21,6 +23,12 @@ if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
     from langgraph.checkpoint.base import BaseCheckpointSaver
     from langgraph.graph.state import CompiledStateGraph
+
+
+ENGINE_RETRY = RetryPolicy(
+    initial_interval=0.5, backoff_factor=2.0, max_attempts=3, jitter=True, retry_on=is_transient
+)
+"""Retry a node whose model call hit a transient error (timeout, dropped connection, 429/5xx)."""
 
 
 def as_policy(planner: Policy | BaseChatModel) -> Policy:
@@ -45,6 +53,7 @@ def build_agentflow(
     *,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
     name: str = "agentflow",
+    retry_policy: RetryPolicy | None = ENGINE_RETRY,
 ) -> CompiledStateGraph[State, Context, InputState, State]:
     """Compile the four-agent AgentFlow graph.
 
@@ -54,6 +63,8 @@ def build_agentflow(
         tools: LangChain tools the planner may choose from.
         checkpointer: Optional checkpointer (e.g. `SqliteSaver`) for durable, resumable runs.
         name: The compiled graph's name.
+        retry_policy: How each node retries transient model errors (None: never). Other
+            engine errors are recorded in memory and transitions, and the run goes on.
 
     Raises:
         ValueError: no tools, or two tools with the same name.
@@ -68,12 +79,15 @@ def build_agentflow(
         raise ValueError(f"tool names must be unique; {duplicated} appear more than once")
 
     graph = StateGraph(State, context_schema=Context, input_schema=InputState)
+    retry = retry_policy
     graph.add_node(
-        "planner", make_planner(as_policy(planner_policy), tools, analysis_engine=engine)
+        "planner",
+        make_planner(as_policy(planner_policy), tools, analysis_engine=engine),
+        retry_policy=retry,
     )
-    graph.add_node("executor", make_executor(engine, tools))
-    graph.add_node("verifier", make_verifier(engine))
-    graph.add_node("generator", make_generator(engine))
+    graph.add_node("executor", make_executor(engine, tools), retry_policy=retry)
+    graph.add_node("verifier", make_verifier(engine), retry_policy=retry)
+    graph.add_node("generator", make_generator(engine), retry_policy=retry)
     graph.add_edge(START, "planner")
     graph.add_conditional_edges("planner", route_after_planner)
     graph.add_edge("executor", "verifier")

@@ -7,7 +7,7 @@ from typing import Annotated, Literal, TypedDict
 
 from flowlearn.nodes.records import Plan, StepRecord, Transition
 
-Termination = Literal["verifier_stop", "max_steps", "max_seconds"]
+Termination = Literal["verifier_stop", "max_steps", "max_seconds", "engine_error"]
 
 
 class InputState(TypedDict):

@@ -158,7 +158,13 @@ class BatchingPolicy(HFPolicy):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache_arg = _cache_argument(model)
         with self._lock, torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            out = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,  # the prompt's logits are never needed, only the next one's
+            )
             past, last = getattr(out, cache_arg), positions[:, -1]
             for _ in range(max(s.max_new_tokens for s in samplings)):
                 logits = out.logits[:, -1, :].float()

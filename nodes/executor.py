@@ -14,7 +14,14 @@ from flowlearn.nodes.catalogue import describe_tool, tool_arguments
 from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.prompts import EXECUTOR_JSON_FALLBACK_PROMPT, EXECUTOR_PROMPT
 from flowlearn.nodes.records import ParseStatus, StepRecord
-from flowlearn.nodes.render import emit, prompt_messages, summarize, transition, truncate
+from flowlearn.nodes.render import (
+    emit,
+    is_transient,
+    prompt_messages,
+    summarize,
+    transition,
+    truncate,
+)
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -104,7 +111,13 @@ def make_executor(
             )
         )
         start = time.perf_counter()
-        arguments, raw, status = propose_arguments(engine, tool, messages)
+        try:
+            arguments, raw, status = propose_arguments(engine, tool, messages)
+        except Exception as exc:  # transient: LangGraph retries the node; else it is recorded
+            if is_transient(exc):
+                raise
+            arguments, status = None, "error"
+            raw = f"the engine failed: {type(exc).__name__}: {exc}"
         call_seconds = time.perf_counter() - start
         record: StepRecord = {
             "step": plan["step"],
@@ -125,7 +138,11 @@ def make_executor(
         if rejected:
             record["error"] = "the tool call was rejected by the reviewer"
         elif arguments is None:
-            record["error"] = f"the engine gave no usable arguments for {tool.name}: {raw[:200]!r}"
+            record["error"] = (
+                raw
+                if status == "error"
+                else f"the engine gave no usable arguments for {tool.name}: {raw[:200]!r}"
+            )
         else:
             try:
                 result = tool.invoke(arguments)

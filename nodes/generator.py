@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowlearn.nodes.parsing import extract_answer
 from flowlearn.nodes.prompts import GENERATOR_PROMPT
-from flowlearn.nodes.render import emit, invoke_text, memory_prompt, transition
+from flowlearn.nodes.render import call_engine, emit, memory_prompt, transition
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -23,8 +23,10 @@ def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         messages = memory_prompt(GENERATOR_PROMPT, state)
-        text, seconds = invoke_text(engine, messages)
+        text, seconds, error = call_engine(engine, messages)
         answer, tagged = extract_answer(text)
+        if error is not None:
+            text, answer, tagged = error, "", False
         emit(runtime, {"event": "answer", "answer": answer, "tagged": tagged})
         started = state.get("started_at")
         step = state.get("step", 0)
@@ -35,7 +37,12 @@ def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
             "seconds": round(time.time() - started, 6) if started is not None else 0.0,
             "transitions": [
                 transition(
-                    "generator", step, messages, text, "ok" if tagged else "no_answer_tags", seconds
+                    "generator",
+                    step,
+                    messages,
+                    text,
+                    "error" if error else "ok" if tagged else "no_answer_tags",
+                    seconds,
                 )
             ],
         }

@@ -14,8 +14,8 @@ from flowlearn.nodes.policy import Policy, Sampling
 from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
 from flowlearn.nodes.records import ParseStatus
 from flowlearn.nodes.render import (
+    call_engine,
     emit,
-    invoke_text,
     policy_transition,
     prompt_messages,
     render_memory,
@@ -81,7 +81,10 @@ def make_planner(
     def analyze(question: str, catalogue: str, sampling: Sampling) -> tuple[str, dict[str, Any]]:
         messages = prompt_messages(QUERY_ANALYSIS_PROMPT.format(question=question, tools=catalogue))
         if analysis_engine is not None:
-            text, seconds = invoke_text(analysis_engine, messages)
+            text, seconds, error = call_engine(analysis_engine, messages)
+            if error is not None:
+                record = transition("query_analysis", 0, messages, error, "error", seconds)
+                return f"(no query analysis: {error})", dict(record)
             return text, dict(transition("query_analysis", 0, messages, text, "ok", seconds))
         gen = policy.generate(messages, sampling)
         return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))

@@ -106,6 +106,48 @@ def policy_transition(
     )
 
 
+TRANSIENT_NAMES = frozenset(
+    {
+        "APIConnectionError",
+        "APITimeoutError",
+        "ConnectError",
+        "ConnectTimeout",
+        "InternalServerError",
+        "RateLimitError",
+        "ReadTimeout",
+        "ServiceUnavailableError",
+    }
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an engine error is worth retrying: timeouts, dropped connections, 429 and 5xx."""
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return True
+    status = getattr(exc, "status_code", None) or getattr(
+        getattr(exc, "response", None), "status_code", None
+    )
+    return type(exc).__name__ in TRANSIENT_NAMES or status in {429, 500, 502, 503, 504}
+
+
+def call_engine(
+    engine: BaseChatModel, messages: list[dict[str, str]]
+) -> tuple[str, float, str | None]:
+    """Call the engine; return text, seconds and an error message instead of raising.
+
+    Transient errors are raised, for the node's LangGraph `RetryPolicy` to retry; any other
+    failure comes back as an error string that the node records, so the run goes on.
+    """
+    start = time.perf_counter()
+    try:
+        text, seconds = invoke_text(engine, messages)
+    except Exception as exc:
+        if is_transient(exc):
+            raise
+        return "", time.perf_counter() - start, f"the engine failed: {type(exc).__name__}: {exc}"
+    return text, seconds, None
+
+
 def invoke_text(engine: BaseChatModel, messages: list[dict[str, str]]) -> tuple[str, float]:
     """Call a chat model and return its text and the seconds it took."""
     start = time.perf_counter()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.prompts import VERIFIER_PROMPT
-from flowlearn.nodes.render import emit, invoke_text, memory_prompt, transition
+from flowlearn.nodes.render import call_engine, emit, memory_prompt, transition
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -23,20 +23,29 @@ def make_verifier(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         step = state.get("step", 0)
         messages = memory_prompt(VERIFIER_PROMPT, state)
-        text, seconds = invoke_text(engine, messages)
+        text, seconds, error = call_engine(engine, messages)
         verdict, clear = parse_verdict(text)
+        if error is not None:  # no judgement to be had: go on to the answer
+            text, verdict, clear = error, "STOP", False
         update: dict[str, Any] = {
             "verdict": verdict,
             "memory": [
                 {"step": step, "kind": "verification", "analysis": text, "verdict": verdict}
             ],
             "transitions": [
-                transition("verifier", step, messages, text, "ok" if clear else "unclear", seconds)
+                transition(
+                    "verifier",
+                    step,
+                    messages,
+                    text,
+                    "error" if error else "ok" if clear else "unclear",
+                    seconds,
+                )
             ],
         }
         emit(runtime, {"event": "verdict", "step": step, "verdict": verdict, "clear": clear})
         if verdict == "STOP":
-            update["termination"] = "verifier_stop"
+            update["termination"] = "engine_error" if error else "verifier_stop"
         return update
 
     return verifier

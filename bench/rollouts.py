@@ -1,0 +1,103 @@
+"""Rollout throughput: N concurrent flows with batched decoding vs the same flows one at a time.
+
+Run: `python bench/rollouts.py [--flows 16]`. Both arms use the same model (the embedded
+SmolLM2-135M default unless --planner names another), the same questions, seeds and token
+budgets, and the real flow with the default tools. The batched arm runs the flows on threads
+with `BatchingPolicy` under the planner and the engine; the sequential arm runs them in turn on
+the plain `HFPolicy`. Prints trajectories per second and their ratio (target: >= 3x on 2 CPU
+cores, >= 10x on a GPU) and writes bench/results/rollouts.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from flowlearn.evals.cases import Case
+from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes.batching import BatchingPolicy
+from flowlearn.nodes.hf_chat import HFChatModel
+from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.tools import default_tools
+from flowlearn.training import collect
+
+RESULTS = Path(__file__).parent / "results" / "rollouts.json"
+QUESTIONS = [
+    "What is 17 * 23?",
+    "What is the capital of France?",
+    "What is 128 + 256?",
+    "Who wrote Hamlet?",
+]
+
+
+def run(policy: HFPolicy, cases: list[Case], group: int, concurrency: int, context: Context):
+    engine = HFChatModel(policy=policy, max_new_tokens=context.planner_max_new_tokens)
+    graph = build_agentflow(policy, engine, default_tools(engine))
+    start = time.perf_counter()
+    trajectories = collect(
+        graph,
+        cases,
+        lambda answer, case: _zero(),
+        group_size=group,
+        concurrency=concurrency,
+        context=context,
+        progress=True,
+    )
+    return trajectories, time.perf_counter() - start
+
+
+def _zero():  # type: ignore[no-untyped-def]
+    from flowlearn.evals.scorers import Score
+
+    return Score(0.0, "throughput only")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flows", type=int, default=16, help="concurrent flows (16)")
+    parser.add_argument("--planner", help="model (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--device", help="cpu or cuda (default: CUDA when available)")
+    parser.add_argument("--max-steps", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=48, help="new tokens per model call")
+    args = parser.parse_args()
+    policy = HFPolicy.from_pretrained(args.planner, device=args.device)
+    group = 4
+    cases = [
+        Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(max(1, args.flows // group))
+    ]
+    context = Context(
+        max_steps=args.max_steps, planner_max_new_tokens=args.tokens, seed=0, max_seconds=None
+    )
+    batched_policy = BatchingPolicy(policy, max_batch_size=args.flows)
+    batched, batched_seconds = run(batched_policy, cases, group, args.flows, context)
+    sequential, sequential_seconds = run(policy, cases, group, 1, context)
+    tokens = [
+        sum(len(t.completion_ids or []) for t in r.transitions if t.node == "planner")
+        for r in batched
+    ]
+    result = {
+        "machine": f"{os.cpu_count()} CPU cores"
+        + (f", {torch.cuda.get_device_name()}" if policy.model.device.type == "cuda" else ""),
+        "model": policy.version,
+        "flows": len(batched),
+        "max_steps": args.max_steps,
+        "tokens_per_call": args.tokens,
+        "batched_trajectories_per_second": len(batched) / batched_seconds,
+        "sequential_trajectories_per_second": len(sequential) / sequential_seconds,
+        "speedup": sequential_seconds / batched_seconds,
+        "mean_batch_size": sum(batched_policy.batch_sizes) / len(batched_policy.batch_sizes),
+        "planner_tokens_per_trajectory": sum(tokens) / len(tokens),
+    }
+    print(json.dumps(result, indent=2))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"speedup batched / sequential: {result['speedup']:.2f}x; wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Engine faults: transient errors are retried by LangGraph, others are recorded; runs go on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage
+from langchain_core.tools import tool
+
+from fakes import FakeChatModel, ScriptedPolicy, plan
+from flowlearn.graphs import Context, build_agentflow
+from flowlearn.graphs.agentflow import ENGINE_RETRY
+from flowlearn.nodes.render import is_transient
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look a fact up."""
+    return "Paris"
+
+
+class Flaky:
+    """Fail the first `failures` calls of the prompts starting with `prefix`, then answer."""
+
+    def __init__(self, prefix: str, failures: int, error: Exception) -> None:
+        self.prefix, self.failures, self.error, self.calls = prefix, failures, error, 0
+
+    def __call__(self, messages: list[Any], tools: list[dict[str, Any]]) -> Any:
+        prompt = str(messages[-1].content)
+        if prompt.startswith(self.prefix) and self.calls < self.failures:
+            self.calls += 1
+            raise self.error
+        if tools:
+            return AIMessage("", tool_calls=[{"name": "lookup", "args": {"query": "x"}, "id": "1"}])
+        if prompt.startswith("Judge whether"):
+            return "Conclusion: STOP"
+        return "<answer>Paris</answer>" if prompt.startswith("Answer") else "Analysis."
+
+
+def flow(respond: Flaky) -> Any:
+    fast = ENGINE_RETRY._replace(initial_interval=0.01, jitter=False)
+    return build_agentflow(
+        ScriptedPolicy([plan("lookup")]),
+        FakeChatModel(respond=respond),
+        [lookup],
+        retry_policy=fast,
+    )
+
+
+@pytest.mark.parametrize("prefix", ["Analyze", "Call the tool", "Judge whether", "Answer"])
+def test_transient_errors_are_retried_by_the_node(prefix: str) -> None:
+    respond = Flaky(prefix, failures=2, error=TimeoutError("engine timed out"))
+    state = flow(respond).invoke({"question": "Capital of France?"}, context=Context(max_steps=1))
+    assert respond.calls == 2
+    assert state["answer"] == "Paris"
+    assert all(t["parse_status"] != "error" for t in state["transitions"])
+
+
+def test_exhausted_retries_raise_to_the_caller() -> None:
+    respond = Flaky("Answer", failures=10, error=ConnectionError("engine down"))
+    with pytest.raises(ConnectionError):
+        flow(respond).invoke({"question": "q"}, context=Context(max_steps=1))
+    assert respond.calls == ENGINE_RETRY.max_attempts
+
+
+@pytest.mark.parametrize(
+    ("prefix", "node"),
+    [
+        ("Analyze", "query_analysis"),
+        ("Call the tool", None),
+        ("Judge whether", "verifier"),
+        ("Answer", "generator"),
+    ],
+)
+def test_other_engine_errors_are_recorded_and_the_run_goes_on(
+    prefix: str, node: str | None
+) -> None:
+    respond = Flaky(prefix, failures=10, error=ValueError("malformed request"))
+    state = flow(respond).invoke({"question": "Capital of France?"}, context=Context(max_steps=1))
+    assert respond.calls == 1  # not retried
+    if node is None:  # the executor records it as the step's error
+        action = next(r for r in state["memory"] if r["kind"] == "action")
+        assert "the engine failed: ValueError: malformed request" in action["error"]
+    else:
+        failed = [t for t in state["transitions"] if t["node"] == node]
+        assert failed[0]["parse_status"] == "error"
+        assert "malformed request" in failed[0]["output"]
+    assert "final_text" in state  # the run reached its end
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (TimeoutError(), True),
+        (ConnectionResetError(), True),
+        (type("RateLimitError", (Exception,), {})(), True),
+        (type("HTTPStatusError", (Exception,), {"status_code": 503})(), True),
+        (ValueError("bad"), False),
+        (KeyError("x"), False),
+    ],
+)
+def test_what_counts_as_transient(error: Exception, transient: bool) -> None:
+    assert is_transient(error) is transient
