@@ -50,6 +50,13 @@ class Context:
         default=4000,
         metadata={"description": "Tool results longer than this are cut in memory, with a marker."},
     )
+    tool_timeout_s: float = field(
+        default=120.0,
+        metadata={
+            "description": "A tool call still running after this many seconds is recorded as a "
+            "timeout error and the flow moves on (the python tool has its own, shorter limit)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -68,6 +75,8 @@ class Context:
             )
         if self.max_result_chars < 100:
             raise ValueError(f"max_result_chars must be >= 100, got {self.max_result_chars}")
+        if self.tool_timeout_s <= 0:
+            raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s}")
         if self.tools is not None and not isinstance(self.tools, tuple):
             object.__setattr__(self, "tools", tuple(self.tools))
 

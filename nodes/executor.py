@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage
@@ -55,6 +59,32 @@ def _single_argument_fallback(tool: BaseTool, text: str) -> dict[str, Any] | Non
         if spec.get("type", "string") == "string" and text.strip():
             return {name: text.strip()}
     return None
+
+
+def call_with_timeout(tool: BaseTool, arguments: dict[str, Any], seconds: float) -> Any:
+    """Run the tool on a worker thread; stop waiting after `seconds` with a `TimeoutError`.
+
+    A hung tool's thread cannot be killed from Python; it is left behind (as a daemon) while
+    the flow records the timeout and moves on.
+    """
+    done: Future[Any] = Future()
+
+    def work() -> None:
+        try:
+            done.set_result(tool.invoke(arguments))
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    context = contextvars.copy_context()  # the tool still sees LangGraph's run config
+    threading.Thread(
+        target=context.run, args=(work,), name=f"tool-{tool.name}", daemon=True
+    ).start()
+    try:
+        return done.result(timeout=seconds)
+    except FutureTimeout:
+        raise TimeoutError(
+            f"{tool.name} did not finish within {seconds:g} s (Context.tool_timeout_s)"
+        ) from None
 
 
 def propose_arguments(
@@ -145,7 +175,7 @@ def make_executor(
             )
         else:
             try:
-                result = tool.invoke(arguments)
+                result = call_with_timeout(tool, arguments, context.tool_timeout_s)
                 record["result"] = truncate(_as_text(result), context.max_result_chars)
             except Exception as exc:  # a tool failure is data for the planner, not a crash
                 record["error"] = truncate(f"{type(exc).__name__}: {exc}", context.max_result_chars)

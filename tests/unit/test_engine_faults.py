@@ -102,3 +102,41 @@ def test_other_engine_errors_are_recorded_and_the_run_goes_on(
 )
 def test_what_counts_as_transient(error: Exception, transient: bool) -> None:
     assert is_transient(error) is transient
+
+
+@tool
+def hangs(query: str) -> str:
+    """Never come back (in time)."""
+    import time
+
+    time.sleep(30)
+    return "too late"
+
+
+@tool
+def floods(query: str) -> str:
+    """Return 10 MB of text."""
+    return "x" * 10_000_000
+
+
+@pytest.mark.parametrize(
+    ("tool_", "expected"), [(hangs, "did not finish within 0.5 s"), (floods, "[... truncated")]
+)
+def test_a_hanging_or_flooding_tool_does_not_stop_the_run(tool_: Any, expected: str) -> None:
+    def respond(messages: list[Any], tools: list[dict[str, Any]]) -> Any:
+        if tools:
+            call = {"name": tool_.name, "args": {"query": "x"}, "id": "1"}
+            return AIMessage("", tool_calls=[call])
+        prompt = str(messages[-1].content)
+        return "Conclusion: STOP" if prompt.startswith("Judge") else "<answer>none</answer>"
+
+    graph = build_agentflow(
+        ScriptedPolicy([plan(tool_.name)]), FakeChatModel(respond=respond), [tool_]
+    )
+    state = graph.invoke(
+        {"question": "q"}, context=Context(max_steps=1, tool_timeout_s=0.5, max_result_chars=1000)
+    )
+    action = next(r for r in state["memory"] if r["kind"] == "action")
+    text = action["error"] or action["result"]
+    assert expected in text and len(text) < 1200
+    assert state["answer"] == "none"
