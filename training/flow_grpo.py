@@ -151,8 +151,9 @@ def build_flow_grpo_rows(
     for group_id, members in groups.items():
         for trajectory in members:
             for transition in turns[trajectory.trajectory_id]:
-                completion = list(transition.completion_ids or [])
-                logprobs = list(transition.logprobs or [])
+                # Rows share the transitions' id lists (read-only downstream): no copies.
+                completion = transition.completion_ids or []
+                logprobs = transition.logprobs or []
                 if max_completion_length and len(completion) > max_completion_length:
                     completion = completion[:max_completion_length]
                     logprobs = logprobs[:max_completion_length]
@@ -162,7 +163,7 @@ def build_flow_grpo_rows(
                         trajectory_id=trajectory.trajectory_id,
                         group_id=group_id,
                         turn=transition.turn,
-                        prompt_ids=list(transition.prompt_ids or []),
+                        prompt_ids=transition.prompt_ids or [],
                         completion_ids=completion,
                         old_logprobs=logprobs,
                         advantage=advantages[trajectory.trajectory_id],
