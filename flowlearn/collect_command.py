@@ -30,6 +30,13 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--out", type=Path, required=True, help="trajectory store (.jsonl)")
     parser.add_argument("--concurrency", type=int, default=4, help="rollouts in flight (4)")
     parser.add_argument(
+        "--reward-errors",
+        choices=["zero", "drop"],
+        default="zero",
+        help="a rollout whose scorer failed counts with reward 0 (zero) or is left out of the "
+        "returned set (drop); it is stored and marked either way",
+    )
+    parser.add_argument(
         "--format-penalty",
         type=float,
         default=0.0,
@@ -60,6 +67,7 @@ def collect_command(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         context=flow.context,
         extra_rewards=extra,
+        reward_errors=args.reward_errors,
     )
     faithful = sum(
         all(t.token_faithful for t in x.transitions if t.node == "planner") for x in trajectories

@@ -15,6 +15,7 @@ from flowlearn.training.store import TrajectoryStore
 from flowlearn.training.trajectory import Trajectory, trajectory_from_state
 
 RewardTerm = Callable[[Trajectory], float]
+REWARD_ERROR_POLICIES = ("zero", "drop")
 logger = logging.getLogger(__name__)
 
 
@@ -46,6 +47,7 @@ def collect(
     extra_rewards: Mapping[str, RewardTerm] | None = None,
     progress: bool = True,
     id_prefix: str = "",
+    reward_errors: str = "zero",
 ) -> list[Trajectory]:
     """Run `group_size` rollouts of every case, reward each, and append them to `store`.
 
@@ -61,6 +63,9 @@ def collect(
         progress: show a tqdm progress bar.
         id_prefix: prepended to trajectory ids, e.g. the training step, so a question seen
             again in a later step gets fresh rollouts.
+        reward_errors: what a failed scorer or reward term means for the returned list:
+            `zero` keeps the trajectory with reward 0, `drop` leaves it out (training then
+            never sees it). Either way it is stored, marked with `reward_error`.
 
     Returns the trajectories of `cases`, stored ones included, in case and rollout order.
     A scorer or reward-term failure is recorded on the trajectory (reward 0), never raised.
@@ -68,6 +73,10 @@ def collect(
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if reward_errors not in REWARD_ERROR_POLICIES:
+        raise ValueError(
+            f"unknown reward_errors {reward_errors!r}; use one of {REWARD_ERROR_POLICIES}"
+        )
     ids = [case.id for case in cases]
     if len(set(ids)) != len(ids):
         raise ValueError("case ids must be unique: they are the GRPO group ids")
@@ -140,6 +149,7 @@ def collect(
         for case in cases
         for k in range(group_size)
         if (rid := rollout_id(case, k, id_prefix)) in merged
+        and not (reward_errors == "drop" and merged[rid].reward_error is not None)
     ]
 
 

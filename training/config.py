@@ -46,6 +46,9 @@ class TrainConfig:
     mode: Literal["paper", "official", "sequence"] = _help("Flow-GRPO weighting mode.", "paper")
     scale: Literal["group", "batch", "none"] = _help("Advantage scaling.", "group")
     drop_zero_variance: bool = _help("Drop groups whose rewards are all equal.", False)
+    reward_errors: Literal["zero", "drop"] = _help(
+        "A rollout whose scorer failed trains with reward 0 (zero) or is left out (drop).", "zero"
+    )
     format_penalty: float = _help("Penalty weight for unparseable planner turns.", 0.0)
     step_credit_weight: float = _help(
         "GiGPO-style step credit weight, beyond the paper; 0 turns it off.", 0.0

@@ -120,6 +120,7 @@ def train(config: TrainConfig) -> Path:
             tools=default_tools(engine, corpus=config.corpus),
             scorer=scorer,
             rollout_store=TrajectoryStore(out / "rollouts.jsonl"),
+            reward_errors=config.reward_errors,
             extra_rewards={"format_penalty": format_penalty(config.format_penalty)}
             if config.format_penalty
             else None,

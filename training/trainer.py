@@ -84,6 +84,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         extra_rewards: dict[str, Callable[[Trajectory], float]] | None = None,
         rollout_store: TrajectoryStore | None = None,
         rollout_concurrency: int = 16,
+        reward_errors: str = "zero",
         **kwargs: Any,
     ) -> None:
         """Set up online training (cases, scorer and a flow) or offline (trajectories).
@@ -108,6 +109,8 @@ class FlowGRPOTrainer(GRPOTrainer):
             step_credit: optional GiGPO-style step credit.
             extra_rewards: named reward terms added to the outcome (e.g. `format_penalty()`).
             rollout_store: where every rollout is also appended, for inspection or reuse.
+            reward_errors: a rollout whose scorer failed trains with reward 0 (`zero`) or
+                is left out (`drop`); it is stored and marked either way.
             rollout_concurrency: rollouts in flight at once; their planner calls are decoded
                 together in batches of up to this size (`BatchingPolicy`); 1 runs them in turn.
             **kwargs: passed to `GRPOTrainer` (e.g. `processing_class`, `callbacks`).
@@ -147,6 +150,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         if rollout_concurrency < 1:
             raise ValueError(f"rollout_concurrency must be >= 1, got {rollout_concurrency}")
         self.rollout_concurrency = rollout_concurrency
+        self.reward_errors = reward_errors
         self.step_credit = step_credit
         self.extra_rewards = extra_rewards
         self.offline: dict[str, list[Trajectory]] = {}
@@ -209,6 +213,7 @@ class FlowGRPOTrainer(GRPOTrainer):
                 progress=False,
                 extra_rewards=self.extra_rewards,
                 id_prefix=f"step{self.state.global_step}:",
+                reward_errors=self.reward_errors,
             )
         finally:
             model.train(was_training)

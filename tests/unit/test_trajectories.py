@@ -99,6 +99,14 @@ def test_failing_scorer_marks_the_trajectory(tmp_path: Path) -> None:
     (trajectory,) = collect(graph, CASES[:1], broken, group_size=1, progress=False)
     assert trajectory.reward == 0.0 and trajectory.reward_error == "TimeoutError: judge down"
 
+    store = TrajectoryStore(tmp_path / "dropped.jsonl")
+    kept = collect(
+        graph, CASES[:1], broken, group_size=2, store=store, progress=False, reward_errors="drop"
+    )
+    assert kept == [] and [t.reward_error for t in store.load()] == ["TimeoutError: judge down"] * 2
+    with pytest.raises(ValueError, match="reward_errors"):
+        collect(graph, CASES[:1], broken, group_size=1, progress=False, reward_errors="skip")
+
 
 def make_trajectories() -> list[Trajectory]:
     graph = build_agentflow(ScriptedPolicy([plan("lookup")]), engine_for("paris"), [lookup])
