@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--device", help="cpu or cuda (default: CUDA when available)")
     parser.add_argument("--max-steps", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=48, help="new tokens per model call")
+    parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait, seconds")
     args = parser.parse_args()
     policy = HFPolicy.from_pretrained(args.planner, device=args.device)
     group = 4
@@ -73,7 +74,7 @@ def main() -> None:
     context = Context(
         max_steps=args.max_steps, planner_max_new_tokens=args.tokens, seed=0, max_seconds=None
     )
-    batched_policy = BatchingPolicy(policy, max_batch_size=args.flows)
+    batched_policy = BatchingPolicy(policy, max_batch_size=args.flows, max_wait_s=args.max_wait)
     batched, batched_seconds = run(batched_policy, cases, group, args.flows, context)
     sequential, sequential_seconds = run(policy, cases, group, 1, context)
     tokens = [
@@ -87,6 +88,7 @@ def main() -> None:
         "flows": len(batched),
         "max_steps": args.max_steps,
         "tokens_per_call": args.tokens,
+        "max_wait_s": args.max_wait,
         "batched_trajectories_per_second": len(batched) / batched_seconds,
         "sequential_trajectories_per_second": len(sequential) / sequential_seconds,
         "speedup": sequential_seconds / batched_seconds,

@@ -38,7 +38,7 @@ class BatchingPolicy(HFPolicy):
     """
 
     def __init__(
-        self, policy: HFPolicy, *, max_batch_size: int = 16, max_wait_s: float = 0.005
+        self, policy: HFPolicy, *, max_batch_size: int = 16, max_wait_s: float = 0.05
     ) -> None:
         """Wrap `policy` (its model, tokenizer, version and lock are shared).
 
