@@ -100,11 +100,9 @@ class BatchingPolicy(HFPolicy):
         start = time.perf_counter()
         try:
             results = self.decode([r.prompt_ids for r in batch], [r.sampling for r in batch])
-        except Exception:
+        except Exception as exc:
             if len(batch) == 1:
-                import sys
-
-                batch[0].future.set_exception(sys.exc_info()[1] or RuntimeError("decode failed"))
+                batch[0].future.set_exception(exc)
                 return
             for request in batch:  # find the culprit: only it fails
                 self._run([request])
