@@ -22,13 +22,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 
 import torch
+from tiny_model import CHATML
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from fakes import FakeChatModel
-from flowlearn.evals.benchmarks import score_case
 from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context
 from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
 from flowlearn.nodes.tools import python_tool
@@ -36,10 +37,6 @@ from flowlearn.training.metrics import read_metrics
 from flowlearn.training.trainer import FlowGRPOTrainer
 
 RESULTS = Path(__file__).parent / "results" / "gpu_train.json"
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 QWEN25_05B = dict(
     hidden_size=896,
     intermediate_size=4864,
@@ -146,7 +143,7 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
         args=grpo_config(out / "flow", args, cuda),
         engine=engine(),
         tools=[python_tool()],
-        scorer=lambda answer, case: score_case("exact_match", str(random.random() < 0.5), case),
+        scorer=lambda answer, case: Score(float(random.random() < 0.5), "random reward"),
         cases=cases,
         context=Context(
             max_steps=args.turns, planner_temperature=1.0, planner_max_new_tokens=args.tokens
@@ -173,6 +170,11 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
     }
 
 
+def random_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """Rewards for the stock trainer: only the update's cost is measured."""
+    return [random.random() for _ in completions]
+
+
 def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: Path) -> dict:
     import datasets
 
@@ -190,17 +192,9 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
     data = datasets.Dataset.from_list(
         [{"prompt": [{"role": "user", "content": prompt}]}] * (args.questions * args.steps)
     )
-    times: list[float] = []
-
-    class Timer:
-        def __call__(self, completions: list[Any], **kwargs: Any) -> list[float]:
-            return [random.random() for _ in completions]
-
-    reward = Timer()
-    reward.__name__ = "random_reward"  # type: ignore[attr-defined]
     trainer = GRPOTrainer(
         model=policy,
-        reward_funcs=[reward],
+        reward_funcs=[random_reward],
         args=grpo_config(out / "stock", args, cuda),
         train_dataset=data,
         processing_class=tok,

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.hf_chat import HFChatModel
@@ -42,19 +43,13 @@ def run(policy: HFPolicy, cases: list[Case], group: int, concurrency: int, conte
     trajectories = collect(
         graph,
         cases,
-        lambda answer, case: _zero(),
+        lambda answer, case: Score(0.0, "throughput only"),
         group_size=group,
         concurrency=concurrency,
         context=context,
         progress=True,
     )
     return trajectories, time.perf_counter() - start
-
-
-def _zero():  # type: ignore[no-untyped-def]
-    from flowlearn.evals.scorers import Score
-
-    return Score(0.0, "throughput only")
 
 
 def main() -> None:

@@ -140,3 +140,9 @@ def test_a_hanging_or_flooding_tool_does_not_stop_the_run(tool_: Any, expected: 
     text = action["error"] or action["result"]
     assert expected in text and len(text) < 1200
     assert state["answer"] == "none"
+
+
+@pytest.mark.parametrize("seconds", [0, -1])
+def test_a_tool_timeout_must_be_positive(seconds: float) -> None:
+    with pytest.raises(ValueError, match="tool_timeout_s must be > 0"):
+        Context(tool_timeout_s=seconds)
