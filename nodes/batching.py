@@ -34,7 +34,8 @@ class BatchingPolicy(HFPolicy):
     """An `HFPolicy` that coalesces concurrent calls into batched decoding.
 
     It is an `HFPolicy` over the same model and tokenizer (so `HFChatModel` takes it as its
-    backend), shares the wrapped policy's lock, and streams (which needs one sequence) alone.
+    backend), holds the model's lock like every policy over it, and streams (which needs one
+    sequence) alone.
     """
 
     def __init__(
@@ -56,7 +57,6 @@ class BatchingPolicy(HFPolicy):
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
         super().__init__(policy.model, policy.tokenizer, version=policy.version)
-        self._lock = policy._lock
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s

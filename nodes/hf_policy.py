@@ -5,11 +5,29 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from flowlearn.nodes.hf_loading import load_model_and_tokenizer
 from flowlearn.nodes.policy import Generation, Messages, Sampling
+
+_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: Any) -> threading.RLock:
+    """Return the one lock of `model`, shared by every policy over it.
+
+    Policies over one model (the trained planner, its batching wrapper, the frozen base serving
+    as engine with the LoRA adapter switched off) must never run at once: the adapter switch is
+    global to the model. Re-entrant, because `FrozenBasePolicy` holds it around `generate`.
+    """
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
 
 
 class HFPolicy:
@@ -21,8 +39,8 @@ class HFPolicy:
     the one TRL recomputes at the same temperature (greedy decoding, temperature 0, records it
     at temperature 1). Top-p only truncates that distribution's tail, as in TRL and vLLM.
 
-    Calls are serialised by a lock: one model, one generate at a time (the batching backend of
-    the performance work coalesces concurrent calls instead).
+    Calls are serialised by the model's lock (`model_lock`), shared by every policy over the same
+    model: one generate at a time (`BatchingPolicy` coalesces concurrent calls instead).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, version: str | None = None) -> None:
@@ -30,7 +48,7 @@ class HFPolicy:
         self.tokenizer = tokenizer
         name = getattr(model.config, "name_or_path", "") or type(model).__name__
         self.version = version or f"{os.path.basename(str(name).rstrip('/')) or name}@0"
-        self._lock = threading.RLock()  # re-entrant: FrozenBasePolicy holds it around generate
+        self._lock = model_lock(model)
 
     @classmethod
     def from_pretrained(

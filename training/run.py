@@ -12,12 +12,12 @@ from flowlearn.training.config import TrainConfig
 class FrozenBasePolicy(HFPolicy):
     """The LoRA model with its adapter switched off: the frozen base, serving as a fixed engine.
 
-    It shares the trained policy's lock, so the adapter is never toggled under a running call.
+    Policies over one model share its lock (`model_lock`), so the adapter is never toggled
+    under a running call of the trained policy, batched or not.
     """
 
     def __init__(self, policy: HFPolicy) -> None:
         super().__init__(policy.model, policy.tokenizer, version=f"{policy.version}:base")
-        self._lock = policy._lock
 
     def generate(self, messages: Any, sampling: Any, *, streamer: Any = None) -> Any:
         """Generate with the adapter disabled."""

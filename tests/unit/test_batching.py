@@ -99,3 +99,11 @@ def test_bad_settings_are_errors(policies: tuple[HFPolicy, BatchingPolicy]) -> N
         BatchingPolicy(single, max_batch_size=0)
     with pytest.raises(ValueError, match="max_wait_s"):
         BatchingPolicy(single, max_wait_s=-1)
+
+
+def test_policies_over_one_model_share_its_lock(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
+    from flowlearn.training.run import FrozenBasePolicy
+
+    single, batched = policies
+    other = HFPolicy(single.model, single.tokenizer)
+    assert single._lock is batched._lock is other._lock is FrozenBasePolicy(other)._lock
