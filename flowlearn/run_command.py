@@ -48,6 +48,8 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
     if args.resume and not args.thread:
         raise UsageError("--resume needs --thread ID (the run to continue)")
+    if args.question is not None and not args.question.strip():
+        raise UsageError('the question is empty; give one, e.g. flowlearn run "What is 2 + 2?"')
     if args.resume == bool(args.question):
         raise UsageError("give a question, or --resume --thread ID without one")
     if args.thread is None:

@@ -6,7 +6,7 @@ for others, and decodes up to `max_batch_size` of them together: prompts left-pa
 KV-cached decoding loop, and for every request its own temperature, top-p, seed, token budget
 and stop at EOS. Each request gets back exactly what a single call logs: its prompt ids, the
 ids it sampled and `log_softmax(logits / temperature)` of each (temperature 1 for greedy).
-A request that fails (say, a prompt longer than the model allows) fails alone: a batch that
+A request that fails (say, a bad token id) fails alone: a batch that
 raises is retried one request at a time.
 """
 
@@ -27,6 +27,7 @@ from flowlearn.nodes.policy import Generation, Messages, Sampling
 class _Request:
     prompt_ids: list[int]
     sampling: Sampling
+    notes: list[str] = field(default_factory=list)
     future: Future[Generation] = field(default_factory=Future)
 
 
@@ -56,7 +57,12 @@ class BatchingPolicy(HFPolicy):
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
-        super().__init__(policy.model, policy.tokenizer, version=policy.version)
+        super().__init__(
+            policy.model,
+            policy.tokenizer,
+            version=policy.version,
+            context_window=policy.context_window,
+        )
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
@@ -72,7 +78,8 @@ class BatchingPolicy(HFPolicy):
         """Queue one call and block until its batch is decoded; streaming calls run alone."""
         if streamer is not None:
             return self.policy.generate(messages, sampling, streamer=streamer)
-        request = _Request(self.encode_chat(messages), sampling)
+        prompt_ids, notes = self.fit_prompt(self.encode_chat(messages), sampling.max_new_tokens)
+        request = _Request(prompt_ids, sampling, notes)
         self._ensure_worker()
         self._queue.put(request)
         return request.future.result()
@@ -119,6 +126,7 @@ class BatchingPolicy(HFPolicy):
                     policy_version=self.version,
                     sampling=request.sampling.as_dict(),
                     seconds=seconds,
+                    notes=request.notes,
                 )
             )
 

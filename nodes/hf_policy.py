@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -11,6 +12,8 @@ from typing import Any
 
 from flowlearn.nodes.hf_loading import load_model_and_tokenizer
 from flowlearn.nodes.policy import Generation, Messages, Sampling
+
+logger = logging.getLogger(__name__)
 
 _MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
 _MODEL_LOCKS_GUARD = threading.Lock()
@@ -43,11 +46,31 @@ class HFPolicy:
     model: one generate at a time (`BatchingPolicy` coalesces concurrent calls instead).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, version: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        version: str | None = None,
+        context_window: int | None = None,
+    ) -> None:
+        """Wrap `model` and `tokenizer`.
+
+        Args:
+            model: a transformers causal LM.
+            tokenizer: its tokenizer, with a chat template.
+            version: the policy version recorded in every transition.
+            context_window: the most tokens prompt plus completion may take; default the
+                model's `max_position_embeddings`. Longer prompts are cut to fit (`fit_prompt`).
+
+        """
         self.model = model
         self.tokenizer = tokenizer
         name = getattr(model.config, "name_or_path", "") or type(model).__name__
         self.version = version or f"{os.path.basename(str(name).rstrip('/')) or name}@0"
+        self.context_window = context_window or getattr(
+            model.config, "max_position_embeddings", None
+        )
         self._lock = model_lock(model)
 
     @classmethod
@@ -81,6 +104,35 @@ class HFPolicy:
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
+    def fit_prompt(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[str]]:
+        """Cut a prompt too long for the context window, keeping its head and its tail.
+
+        The head holds the instructions and the start of the question, the tail the latest
+        memory and the turn's format; the middle goes. Returns the ids actually fed and a note
+        saying what was cut (recorded in the transition), or no note when it fits.
+
+        Raises:
+            ValueError: `max_new_tokens` leaves too little of the window for any prompt.
+
+        """
+        window = self.context_window
+        if window is None or len(prompt_ids) + max_new_tokens <= window:
+            return prompt_ids, []
+        room = window - max_new_tokens
+        if room < 32:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} leaves {room} tokens of the model's "
+                f"{window}-token window for the prompt; lower max_new_tokens"
+            )
+        head = room // 2
+        tail = room - head
+        note = (
+            f"prompt truncated: {len(prompt_ids)} tokens did not fit the {window}-token window "
+            f"with max_new_tokens={max_new_tokens}; kept the first {head} and the last {tail}"
+        )
+        logger.warning(note)
+        return prompt_ids[:head] + prompt_ids[-tail:], [note]
+
     def generate(
         self, messages: Messages, sampling: Sampling, *, streamer: Any = None
     ) -> Generation:
@@ -95,7 +147,7 @@ class HFPolicy:
         import torch
         from transformers import GenerationConfig
 
-        prompt_ids = self.encode_chat(messages)
+        prompt_ids, notes = self.fit_prompt(self.encode_chat(messages), sampling.max_new_tokens)
         greedy = sampling.temperature == 0
         # A fresh config, not the model's: its defaults (top_k=50, repetition penalties, ...)
         # would silently reshape the distribution the logged logprobs claim to describe.
@@ -140,6 +192,7 @@ class HFPolicy:
             policy_version=self.version,
             sampling=sampling.as_dict(),
             seconds=time.perf_counter() - start,
+            notes=notes,
         )
 
 

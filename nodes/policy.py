@@ -51,6 +51,8 @@ class Generation:
     policy_version: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    """What the backend changed on the way, e.g. a prompt cut to fit the model's window."""
 
     @property
     def token_faithful(self) -> bool:

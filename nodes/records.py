@@ -55,3 +55,5 @@ class Transition(TypedDict):
     logprobs: NotRequired[list[float] | None]
     policy_version: NotRequired[str | None]
     sampling: NotRequired[dict[str, Any]]
+    notes: NotRequired[list[str]]
+    """What the backend changed on the way, e.g. a prompt cut to fit the model's window."""

@@ -103,6 +103,7 @@ def policy_transition(
         logprobs=generation.logprobs,
         policy_version=generation.policy_version,
         sampling=generation.sampling,
+        **({"notes": list(generation.notes)} if generation.notes else {}),
     )
 
 

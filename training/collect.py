@@ -80,6 +80,11 @@ def collect(
     ids = [case.id for case in cases]
     if len(set(ids)) != len(ids):
         raise ValueError("case ids must be unique: they are the GRPO group ids")
+    empty = [case.id for case in cases if not str(case.query).strip()]
+    if empty:
+        raise ValueError(
+            f"cases {empty[:10]} have an empty query; give each a question or remove it"
+        )
     graph = graph_factory if hasattr(graph_factory, "invoke") else graph_factory()
     stored = {t.trajectory_id: t for t in store} if store else {}
     todo = [

@@ -20,7 +20,7 @@ def rows_to_tensors(rows: Sequence[FlowGRPORow], pad_token_id: int, device: Any)
     import torch
 
     if not rows:
-        raise ValueError("no rows to train on: every group was dropped or had no planner turns")
+        return empty_batch(pad_token_id, device)
     tokens = sum(len(row.completion_ids) for row in rows)
     prompt_len = max(len(row.prompt_ids) for row in rows)
     completion_len = max(max(len(row.completion_ids) for row in rows), 1)
@@ -48,4 +48,24 @@ def rows_to_tensors(rows: Sequence[FlowGRPORow], pad_token_id: int, device: Any)
         "advantages": advantages.to(device),
         "old_per_token_logps": old_logps.to(device),
         "num_items_in_batch": torch.tensor(float(tokens), device=device),
+    }
+
+
+def empty_batch(pad_token_id: int, device: Any) -> dict[str, Any]:
+    """Return a one-row batch with no trainable token: the trainer skips its update.
+
+    It is what a step gets when every rollout was dropped (failed rewards under `drop`, or
+    only zero-variance groups with `drop_zero_variance`): the run goes on to the next step.
+    """
+    import torch
+
+    zeros = torch.zeros((1, 1), dtype=torch.float32, device=device)
+    return {
+        "prompt_ids": torch.full((1, 1), pad_token_id, dtype=torch.long, device=device),
+        "prompt_mask": torch.ones((1, 1), dtype=torch.long, device=device),
+        "completion_ids": torch.full((1, 1), pad_token_id, dtype=torch.long, device=device),
+        "completion_mask": torch.zeros((1, 1), dtype=torch.long, device=device),
+        "advantages": zeros,
+        "old_per_token_logps": zeros.clone(),
+        "num_items_in_batch": torch.tensor(0.0, device=device),
     }

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +39,8 @@ from flowlearn.training.metrics import FlowMetricsCallback
 from flowlearn.training.store import TrajectoryStore
 from flowlearn.training.tensors import rows_to_tensors
 from flowlearn.training.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
 
 
 def unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
@@ -240,12 +243,38 @@ class FlowGRPOTrainer(GRPOTrainer):
             max_completion_length=self.flow_args.max_completion_length,
             step_credit=self.step_credit,
         )
+        if not batch.rows:
+            logger.warning(
+                "step %d has no rows to train on (%d rollouts, all dropped or without policy "
+                "turns): its update is skipped",
+                self.state.global_step,
+                len(trajectories),
+            )
         tokenizer: Any = self.processing_class
         output = rows_to_tensors(batch.rows, tokenizer.pad_token_id, self.accelerator.device)
         if self.beta != 0.0:
             output["ref_per_token_logps"] = self._reference_logps(output)
         self._log_flow_metrics(trajectories, batch.stats, time.perf_counter() - started)
         return output
+
+    def compute_loss(
+        self,
+        model: Any,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        """TRL's loss, except a batch without trainable tokens, whose update is skipped.
+
+        Its loss is a constant 0 that reaches no parameter, so no gradient is set and the
+        optimizer (AdamW skips parameters without one) changes nothing: no momentum step,
+        no weight decay. The step still counts, so the data order stays the same.
+        """
+        if int(inputs["completion_mask"].sum()) == 0 and self.accelerator.num_processes == 1:
+            self._metrics["train"]["flow/skipped_update"].append(1.0)
+            return torch.zeros((), device=self.accelerator.device, requires_grad=True)
+        self._metrics["train"]["flow/skipped_update"].append(0.0)
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _log_flow_metrics(
         self, trajectories: list[Trajectory], stats: dict[str, Any], seconds: float

@@ -31,6 +31,8 @@ class Transition:
     logprobs: list[float] | None = None
     policy_version: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """What the backend changed on the way, e.g. a prompt cut to fit the model's window."""
 
     @property
     def token_faithful(self) -> bool:

@@ -335,3 +335,34 @@ def test_one_step_moves_probability_towards_rewarded_turns(
         return
     delta = [a - b for a, b in zip(after, before, strict=True)]
     assert min(delta[:2]) > 0 > max(delta[2:]), delta
+
+
+def test_a_step_whose_rollouts_were_all_dropped_is_skipped(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    def failing_judge(answer: str, case: Case) -> Any:
+        raise TimeoutError("judge timed out")
+
+    model, tokenizer = load(tiny_model_dir)
+    store = TrajectoryStore(tmp_path / "rollouts.jsonl")
+    trainer = FlowGRPOTrainer(
+        model,
+        args=config(tmp_path, weight_decay=0.1),
+        engine=engine(),
+        tools=[lookup],
+        scorer=failing_judge,
+        cases=CASES,
+        context=CONTEXT,
+        processing_class=tokenizer,
+        rollout_store=store,
+        reward_errors="drop",
+    )
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer.train()  # no exception: the run goes on
+    assert trainer.state.global_step == 2
+    for key, value in model.state_dict().items():  # no update, not even weight decay
+        assert torch.equal(before[key], value), key
+    rollouts = store.load()
+    assert len(rollouts) == 8 and all("judge timed out" in (r.reward_error or "") for r in rollouts)
+    skipped = [h["flow/skipped_update"] for h in trainer.state.log_history if "flow/rows" in h]
+    assert skipped == [1.0, 1.0]
