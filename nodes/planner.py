@@ -94,9 +94,7 @@ def make_planner(
 
         context = runtime.context or Context()
         if not str(state.get("question") or "").strip():
-            raise ValueError(
-                "the question is empty: invoke the graph with a non-empty 'question'"
-            )
+            raise ValueError("the question is empty: invoke the graph with a non-empty 'question'")
         now = time.time()
         started = state.get("started_at", now)
         reason = spent_budget({**state, "started_at": started}, context, now)
