@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.training.checkpoints import last_complete_checkpoint, save_atomically
 from flowlearn.training.config import TrainConfig
 
 
@@ -56,6 +57,14 @@ def grpo_args(config: TrainConfig, cuda: bool) -> Any:
 
 def train(config: TrainConfig) -> Path:
     """Train and return the folder of the final policy (loadable by `flowlearn run --planner`)."""
+    resume_from = None
+    if config.resume:  # checked before any model is loaded
+        resume_from = last_complete_checkpoint(config.output_dir)
+        if resume_from is None:
+            raise ValueError(
+                f"resume: no complete checkpoint in {config.output_dir}; "
+                "run without --resume to start fresh"
+            )
     import torch
 
     from flowlearn.graphs.context import Context
@@ -126,7 +135,7 @@ def train(config: TrainConfig) -> Path:
             else None,
             **common,
         )
-    trainer.train(resume_from_checkpoint=True if config.resume else None)
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     return save_final(trainer, tokenizer, out / "final", merge=lora)
 
 
@@ -144,11 +153,14 @@ def _cases_and_scorer(config: TrainConfig) -> tuple[list[Any], Any]:
 
 
 def save_final(trainer: Any, tokenizer: Any, folder: Path, *, merge: bool) -> Path:
-    """Save the trained policy as a plain model folder (LoRA merged into its base)."""
+    """Save the trained policy as a plain model folder (LoRA merged into its base), atomically."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     if merge:
-        model.save_pretrained(folder.parent / "final-adapter")
+        save_atomically(folder.parent / "final-adapter", model.save_pretrained)
         model = model.merge_and_unload()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+
+    def save(staging: Path) -> None:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+
+    return save_atomically(folder, save)

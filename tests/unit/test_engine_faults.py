@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,9 +11,12 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
+from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.graphs.agentflow import ENGINE_RETRY
 from flowlearn.nodes.render import is_transient
+from flowlearn.training import TrajectoryStore, collect
 
 
 @tool
@@ -107,8 +112,6 @@ def test_what_counts_as_transient(error: Exception, transient: bool) -> None:
 @tool
 def hangs(query: str) -> str:
     """Never come back (in time)."""
-    import time
-
     time.sleep(30)
     return "too late"
 
@@ -146,3 +149,65 @@ def test_a_hanging_or_flooding_tool_does_not_stop_the_run(tool_: Any, expected: 
 def test_a_tool_timeout_must_be_positive(seconds: float) -> None:
     with pytest.raises(ValueError, match="tool_timeout_s must be > 0"):
         Context(tool_timeout_s=seconds)
+
+
+@tool
+def raises(query: str) -> str:
+    """Fail every time."""
+    raise RuntimeError("the backend is down")
+
+
+def test_no_fault_stops_a_collection(tmp_path: Path) -> None:
+    """Hanging, flooding and raising tools, a failing engine, a failing judge and a run over
+    its time budget, all in one collection: every rollout is stored, each fault recorded."""
+    faults = {"hang": "hangs", "flood": "floods", "raise": "raises", "engine": "lookup"}
+
+    def decide(messages: list[dict[str, str]]) -> str:
+        text = messages[-1]["content"]
+        if "Question: slow" in text:
+            time.sleep(0.2)
+        return plan(next((t for k, t in faults.items() if f"Question: {k}" in text), "lookup"))
+
+    def respond(messages: list[Any], tools: list[dict[str, Any]]) -> Any:
+        everything = " ".join(str(m.content) for m in messages)
+        if "Question: engine" in everything:
+            raise ValueError("malformed request")
+        if tools:
+            return AIMessage(
+                "", tool_calls=[{"name": tools[0]["name"], "args": {"query": "x"}, "id": "1"}]
+            )
+        prompt = str(messages[-1].content)
+        if prompt.startswith("Judge whether"):
+            return "Conclusion: CONTINUE" if "Question: slow" in everything else "Conclusion: STOP"
+        return "<answer>Paris</answer>"
+
+    def judge(answer: str, case: Case) -> Score:
+        if case.id == "judge":
+            raise TimeoutError("the judge timed out")
+        return Score(float(answer == "Paris"), "exact")
+
+    tools = [hangs, floods, raises, lookup]
+    graph = build_agentflow(ScriptedPolicy([decide]), FakeChatModel(respond=respond), tools)
+    names = ["hang", "flood", "raise", "engine", "slow", "judge"]
+    cases = [Case(n, n, "Paris") for n in names]
+    store = TrajectoryStore(tmp_path / "t.jsonl")
+    context = Context(max_steps=30, max_seconds=0.6, tool_timeout_s=0.3, max_result_chars=1000)
+    got = {
+        t.group_id: t
+        for t in collect(
+            graph, cases, judge, group_size=1, store=store, context=context, progress=False
+        )
+    }
+    assert sorted(got) == sorted(names) and len(store.load()) == len(names)
+
+    def action_text(case: str) -> str:
+        action = next(r for r in got[case].memory if r["kind"] == "action")
+        return str(action["error"] or action["result"])
+
+    assert "did not finish within 0.3 s" in action_text("hang")
+    assert "[... truncated" in action_text("flood") and len(action_text("flood")) < 1200
+    assert "the backend is down" in action_text("raise")
+    assert "malformed request" in action_text("engine")
+    assert got["slow"].termination == "max_seconds" and got["slow"].steps >= 1
+    assert got["judge"].reward == 0 and "the judge timed out" in (got["judge"].reward_error or "")
+    assert all(got[n].final_text for n in names)

@@ -1,0 +1,74 @@
+"""Checkpoints a crash cannot corrupt: resume picks the last complete one, finals are swapped in.
+
+transformers writes a checkpoint's files in place and `trainer_state.json` last. A process
+killed while saving leaves a folder without that file, or with a torn one; resuming from it
+would fail or, worse, load half-written weights. So a checkpoint counts only when its state
+file parses; an incomplete one is renamed `incomplete-checkpoint-N` (kept for inspection, out
+of transformers' way) and training resumes from the one before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether `folder` is a checkpoint whose trainer state (written last) is whole."""
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and isinstance(state.get("global_step"), int)
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
+    """Return the newest complete `checkpoint-N` in `output_dir`, setting incomplete ones aside."""
+    root = Path(output_dir)
+    found = sorted(
+        (int(m.group(1)), path)
+        for path in (root.iterdir() if root.is_dir() else [])
+        if path.is_dir() and (m := _CHECKPOINT.match(path.name))
+    )
+    for _, path in reversed(found):
+        if is_complete(path):
+            return path
+        aside = _free_name(root / f"incomplete-{path.name}")
+        path.rename(aside)
+        logger.warning("%s was cut short by a crash; set aside as %s", path, aside.name)
+    return None
+
+
+def save_atomically(folder: Path, save: Callable[[Path], None]) -> Path:
+    """Call `save(staging)` then swap the staging folder in as `folder` (replacing an old one).
+
+    A crash leaves either the old folder or the new one, never a mix.
+    """
+    staging = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    save(staging)
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        folder.rename(old)
+        staging.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(folder)
+    return folder
+
+
+def _free_name(path: Path) -> Path:
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
