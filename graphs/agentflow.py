@@ -15,7 +15,7 @@ from flowlearn.nodes.executor import make_executor
 from flowlearn.nodes.generator import make_generator
 from flowlearn.nodes.planner import make_planner
 from flowlearn.nodes.policy import ChatModelPolicy, Policy
-from flowlearn.nodes.render import is_transient
+from flowlearn.nodes.render import is_transient, last_attempt_records_errors
 from flowlearn.nodes.verifier import make_verifier
 
 if TYPE_CHECKING:
@@ -63,8 +63,9 @@ def build_agentflow(
         tools: LangChain tools the planner may choose from.
         checkpointer: Optional checkpointer (e.g. `SqliteSaver`) for durable, resumable runs.
         name: The compiled graph's name.
-        retry_policy: How each node retries transient model errors (None: never). Other
-            engine errors are recorded in memory and transitions, and the run goes on.
+        retry_policy: How each node retries transient model errors (None: never). Once its
+            attempts are spent, and for any other engine error, the error is recorded in
+            memory and transitions, and the run goes on.
 
     Raises:
         ValueError: no tools, or two tools with the same name.
@@ -80,14 +81,15 @@ def build_agentflow(
 
     graph = StateGraph(State, context_schema=Context, input_schema=InputState)
     retry = retry_policy
-    graph.add_node(
-        "planner",
-        make_planner(as_policy(planner_policy), tools, analysis_engine=engine),
-        retry_policy=retry,
-    )
-    graph.add_node("executor", make_executor(engine, tools), retry_policy=retry)
-    graph.add_node("verifier", make_verifier(engine), retry_policy=retry)
-    graph.add_node("generator", make_generator(engine), retry_policy=retry)
+    attempts = retry.max_attempts if retry is not None else 1
+    nodes = {
+        "planner": make_planner(as_policy(planner_policy), tools, analysis_engine=engine),
+        "executor": make_executor(engine, tools),
+        "verifier": make_verifier(engine),
+        "generator": make_generator(engine),
+    }
+    for node_name, node in nodes.items():
+        graph.add_node(node_name, last_attempt_records_errors(node, attempts), retry_policy=retry)
     graph.add_edge(START, "planner")
     graph.add_conditional_edges("planner", route_after_planner)
     graph.add_edge("executor", "verifier")

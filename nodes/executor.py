@@ -20,7 +20,7 @@ from flowlearn.nodes.prompts import EXECUTOR_JSON_FALLBACK_PROMPT, EXECUTOR_PROM
 from flowlearn.nodes.records import ParseStatus, StepRecord
 from flowlearn.nodes.render import (
     emit,
-    is_transient,
+    engine_error,
     prompt_messages,
     summarize,
     transition,
@@ -144,10 +144,7 @@ def make_executor(
         try:
             arguments, raw, status = propose_arguments(engine, tool, messages)
         except Exception as exc:  # transient: LangGraph retries the node; else it is recorded
-            if is_transient(exc):
-                raise
-            arguments, status = None, "error"
-            raw = f"the engine failed: {type(exc).__name__}: {exc}"
+            arguments, status, raw = None, "error", engine_error(exc)
         call_seconds = time.perf_counter() - start
         record: StepRecord = {
             "step": plan["step"],

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from flowlearn.nodes.messages import to_langchain
@@ -131,22 +133,57 @@ def is_transient(exc: BaseException) -> bool:
     return type(exc).__name__ in TRANSIENT_NAMES or status in {429, 500, 502, 503, 504}
 
 
+_FINAL_ATTEMPT: ContextVar[bool] = ContextVar("flowlearn_final_attempt", default=False)
+
+
+def last_attempt_records_errors(node: Callable[..., Any], max_attempts: int) -> Callable[..., Any]:
+    """Wrap a node so that on its last retry attempt transient engine errors are recorded.
+
+    Earlier attempts raise them for the node's `RetryPolicy` (of `max_attempts`) to retry; the
+    last one records them like any other engine error, so the run goes on.
+    """
+
+    @functools.wraps(node)
+    def wrapped(state: Any, runtime: Any) -> Any:
+        info = getattr(runtime, "execution_info", None)
+        attempt = getattr(info, "node_attempt", 1) or 1
+        token = _FINAL_ATTEMPT.set(attempt >= max_attempts)
+        try:
+            return node(state, runtime)
+        finally:
+            _FINAL_ATTEMPT.reset(token)
+
+    return wrapped
+
+
 def call_engine(
     engine: BaseChatModel, messages: list[dict[str, str]]
 ) -> tuple[str, float, str | None]:
     """Call the engine; return text, seconds and an error message instead of raising.
 
-    Transient errors are raised, for the node's LangGraph `RetryPolicy` to retry; any other
-    failure comes back as an error string that the node records, so the run goes on.
+    Transient errors are raised, for the node's LangGraph `RetryPolicy` to retry, except on
+    the last attempt (`last_attempt_records_errors`); any other failure comes back as an error
+    string that the node records, so the run goes on.
     """
     start = time.perf_counter()
     try:
         text, seconds = invoke_text(engine, messages)
     except Exception as exc:
-        if is_transient(exc):
-            raise
-        return "", time.perf_counter() - start, f"the engine failed: {type(exc).__name__}: {exc}"
+        return "", time.perf_counter() - start, engine_error(exc)
     return text, seconds, None
+
+
+def engine_error(exc: Exception) -> str:
+    """Return the message to record for a failed engine call, or re-raise it to be retried.
+
+    Call inside an `except` block: a transient error is re-raised unless this is the node's
+    last attempt (`last_attempt_records_errors`).
+    """
+    transient = is_transient(exc)
+    if transient and not _FINAL_ATTEMPT.get():
+        raise exc
+    retried = " (transient; retries exhausted)" if transient else ""
+    return f"the engine failed{retried}: {type(exc).__name__}: {exc}"
 
 
 def invoke_text(engine: BaseChatModel, messages: list[dict[str, str]]) -> tuple[str, float]:

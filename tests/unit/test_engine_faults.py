@@ -62,11 +62,40 @@ def test_transient_errors_are_retried_by_the_node(prefix: str) -> None:
     assert all(t["parse_status"] != "error" for t in state["transitions"])
 
 
-def test_exhausted_retries_raise_to_the_caller() -> None:
-    respond = Flaky("Answer", failures=10, error=ConnectionError("engine down"))
-    with pytest.raises(ConnectionError):
-        flow(respond).invoke({"question": "q"}, context=Context(max_steps=1))
+@pytest.mark.parametrize(
+    ("prefix", "node"),
+    [
+        ("Analyze", "query_analysis"),
+        ("Call the tool", None),
+        ("Judge whether", "verifier"),
+        ("Answer", "generator"),
+    ],
+)
+def test_exhausted_retries_are_recorded_and_the_run_goes_on(prefix: str, node: str | None) -> None:
+    respond = Flaky(prefix, failures=10, error=ConnectionError("engine down"))
+    state = flow(respond).invoke({"question": "q"}, context=Context(max_steps=1))
     assert respond.calls == ENGINE_RETRY.max_attempts
+    expected = "the engine failed (transient; retries exhausted): ConnectionError: engine down"
+    if node is None:
+        action = next(r for r in state["memory"] if r["kind"] == "action")
+        assert expected in action["error"]
+    else:
+        failed = [t for t in state["transitions"] if t["node"] == node]
+        assert failed[0]["parse_status"] == "error" and expected in failed[0]["output"]
+    assert "final_text" in state
+
+
+def test_without_a_retry_policy_a_transient_error_is_recorded_at_once() -> None:
+    respond = Flaky("Answer", failures=10, error=TimeoutError("slow"))
+    graph = build_agentflow(
+        ScriptedPolicy([plan("lookup")]),
+        FakeChatModel(respond=respond),
+        [lookup],
+        retry_policy=None,
+    )
+    state = graph.invoke({"question": "q"}, context=Context(max_steps=1))
+    assert respond.calls == 1
+    assert "retries exhausted" in state["transitions"][-1]["output"]
 
 
 @pytest.mark.parametrize(
