@@ -48,17 +48,41 @@ class TrajectoryStore:
                 os.fsync(handle.fileno())
 
     def __iter__(self) -> Iterator[Trajectory]:
+        """Yield the stored trajectories in write order, skipping lines torn by a crash.
+
+        Raises:
+            ValueError: a line that is JSON but not a trajectory (named by file and line), or
+                a file in which no line is a trajectory at all.
+
+        """
         if not self.path.exists():
             return
         lines = self.path.read_bytes().split(b"\n")
+        read, torn = 0, 0
         for number, raw in enumerate(lines, 1):
             if not raw.strip():
                 continue
             try:
-                yield Trajectory.from_dict(json.loads(raw))
-            except (ValueError, TypeError) as exc:
+                data = json.loads(raw)
+            except ValueError as exc:
                 # A line torn by a crash (appends after it start on a fresh line).
+                torn += 1
                 logger.warning("%s:%d: skipping a torn line (%s)", self.path, number, exc)
+                continue
+            try:
+                trajectory = Trajectory.from_dict(data)
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ValueError(
+                    f"{self.path}:{number} is not a flowlearn trajectory ({exc}); "
+                    "give a file written by `flowlearn collect` or `TrajectoryStore`"
+                ) from exc
+            read += 1
+            yield trajectory
+        if torn and not read:
+            raise ValueError(
+                f"{self.path} has no readable trajectory ({torn} unreadable lines); it is not "
+                "a trajectory JSONL file: give one written by `flowlearn collect`"
+            )
 
     def load(self) -> list[Trajectory]:
         """Return every readable trajectory, in write order."""

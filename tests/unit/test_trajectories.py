@@ -141,6 +141,32 @@ def test_store_skips_torn_line_and_appends_after_it(
     assert [t.trajectory_id for t in store.load()] == ["q1/0", "q2/0"]
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("id,question\n1,what\n", "has no readable trajectory"),
+        ('{"trajectory_id": "x"}\n', "t.jsonl:1 is not a flowlearn trajectory"),
+        ("[1, 2]\n", "t.jsonl:1 is not a flowlearn trajectory"),
+    ],
+)
+def test_a_corrupt_trajectory_file_is_a_clear_error(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    store = TrajectoryStore(tmp_path / "t.jsonl")
+    store.path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        store.load()
+    with pytest.raises(ValueError, match=message):  # before any rollout runs
+        collect(
+            lambda: None,
+            [Case("q", "q?", "a")],
+            lambda a, c: exact_match(a, "a"),
+            group_size=1,
+            store=store,
+        )
+    assert store.path.read_text() == content  # nothing written over it
+
+
 def test_newer_schema_is_refused() -> None:
     data = make_trajectories()[0].to_dict() | {"schema_version": 99}
     with pytest.raises(ValueError, match="upgrade flowlearn"):
