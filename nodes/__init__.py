@@ -14,6 +14,7 @@ from flowlearn.nodes.planner import make_planner
 from flowlearn.nodes.policy import ChatModelPolicy, Generation, Policy, Sampling
 from flowlearn.nodes.records import Plan, StepRecord, Transition
 from flowlearn.nodes.render import policy_transition
+from flowlearn.nodes.server_policy import ServerPolicy
 from flowlearn.nodes.verifier import make_verifier
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "PlannerDecision",
     "Policy",
     "Sampling",
+    "ServerPolicy",
     "StepRecord",
     "Transition",
     "describe_tool",

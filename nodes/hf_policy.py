@@ -87,22 +87,8 @@ class HFPolicy:
         return cls(model, tokenizer, version=version)
 
     def encode_chat(self, messages: Messages) -> list[int]:
-        """Render `messages` with the chat template and return the prompt's token ids.
-
-        A final assistant message is a prefill: the model continues it instead of starting a
-        new turn (the chat model uses this to start a forced tool call's JSON).
-        """
-        prefill = bool(messages) and messages[-1]["role"] == "assistant"
-        ids = self.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=not prefill,
-            continue_final_message=prefill,
-            tokenize=True,
-            return_dict=False,
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        """Render `messages` with the chat template and return the prompt's token ids."""
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def fit_prompt(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[str]]:
         """Cut a prompt too long for the context window, keeping its head and its tail.
@@ -194,6 +180,25 @@ class HFPolicy:
             seconds=time.perf_counter() - start,
             notes=notes,
         )
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Messages) -> list[int]:
+    """Render `messages` with the tokenizer's chat template and return the prompt's ids.
+
+    A final assistant message is a prefill: the model continues it instead of starting a new
+    turn (the chat model uses this to start a forced tool call's JSON).
+    """
+    prefill = bool(messages) and messages[-1]["role"] == "assistant"
+    ids = tokenizer.apply_chat_template(
+        messages,
+        add_generation_prompt=not prefill,
+        continue_final_message=prefill,
+        tokenize=True,
+        return_dict=False,
+    )
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
 
 
 def token_logprobs(logits: Any, token_ids: list[int], temperature: float) -> list[float]:
