@@ -40,7 +40,12 @@ class BatchingPolicy(HFPolicy):
     """
 
     def __init__(
-        self, policy: HFPolicy, *, max_batch_size: int = 16, max_wait_s: float = 0.05
+        self,
+        policy: HFPolicy,
+        *,
+        max_batch_size: int = 16,
+        max_wait_s: float = 0.05,
+        min_shared_prefix: int = 32,
     ) -> None:
         """Wrap `policy` (its model, tokenizer, version and lock are shared).
 
@@ -48,6 +53,9 @@ class BatchingPolicy(HFPolicy):
             policy: the single-call policy whose model decodes the batches.
             max_batch_size: the most requests decoded together.
             max_wait_s: how long the first request of a batch waits for company.
+            min_shared_prefix: when the batch's prompts share at least this many leading
+                tokens (the system prompt, the planner's instructions and tool catalogue),
+                that prefix is read once and its KV cache shared by every row.
 
         Raises:
             ValueError: a batch size below 1 or a negative wait.
@@ -66,6 +74,7 @@ class BatchingPolicy(HFPolicy):
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
+        self.min_shared_prefix = min_shared_prefix
         self._queue: queue.Queue[_Request] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -150,12 +159,21 @@ class BatchingPolicy(HFPolicy):
         stops = set(eos if isinstance(eos, list) else [eos])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         device = model.device
-        n, width = len(prompts), max(len(p) for p in prompts)
+        n = len(prompts)
+        shared = shared_prefix_length(prompts) if n > 1 else 0
+        if shared < self.min_shared_prefix:
+            shared = 0
+        # Layout: [shared prefix][left padding][each prompt's own tail]. The prefix is read once
+        # and its KV cache repeated for every row; positions follow the mask, so each token
+        # sits where it would in a single call.
+        width = max(len(p) for p in prompts) - shared
         ids = torch.full((n, width), pad, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
+        mask = torch.zeros((n, shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
         for i, prompt in enumerate(prompts):
-            ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            mask[i, width - len(prompt) :] = 1
+            tail = prompt[shared:]
+            ids[i, width - len(tail) :] = torch.tensor(tail)
+            mask[i, shared + width - len(tail) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         generators = [_generator(s.seed, device) for s in samplings]
         completions: list[list[int]] = [[] for _ in prompts]
@@ -164,12 +182,19 @@ class BatchingPolicy(HFPolicy):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache_arg = _cache_argument(model)
         with self._lock, torch.no_grad():
+            prefix_cache: dict[str, Any] = {}
+            if shared:
+                head = torch.tensor([prompts[0][:shared]], device=device)
+                cache = getattr(model(input_ids=head, use_cache=True, logits_to_keep=1), cache_arg)
+                cache.batch_repeat_interleave(n)
+                prefix_cache = {cache_arg: cache}
             out = model(
                 input_ids=ids,
                 attention_mask=mask,
-                position_ids=positions,
+                position_ids=positions[:, shared:],
                 use_cache=True,
                 logits_to_keep=1,  # the prompt's logits are never needed, only the next one's
+                **prefix_cache,
             )
             past, last = getattr(out, cache_arg), positions[:, -1]
             for _ in range(max(s.max_new_tokens for s in samplings)):
@@ -196,6 +221,15 @@ class BatchingPolicy(HFPolicy):
                 )
                 past = getattr(out, cache_arg)
         return list(zip(completions, logprobs, strict=True))
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """Return how many leading tokens all prompts share, leaving each at least one of its own."""
+    first, shortest = prompts[0], min(len(p) for p in prompts)
+    length = 0
+    while length < shortest - 1 and all(p[length] == first[length] for p in prompts):
+        length += 1
+    return length
 
 
 def _cache_argument(model: Any) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from flowlearn.nodes import batching
 from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Generation, Sampling
@@ -82,15 +83,68 @@ def test_each_request_keeps_its_own_sampling(policies: tuple[HFPolicy, BatchingP
     assert again[0].completion_ids == results[1].completion_ids
 
 
-def test_a_failing_request_fails_alone(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
+def test_a_failing_request_fails_alone(
+    policies: tuple[HFPolicy, BatchingPolicy], monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, batched = policies
+    real = batching._generator
+
+    def generator(seed: int | None, device: Any) -> Any:
+        if seed == 666:
+            raise RuntimeError("this request's sampler is broken")
+        return real(seed, device)
+
+    monkeypatch.setattr(batching, "_generator", generator)
     fine = Sampling(temperature=0.0, max_new_tokens=4)
     results = together(
         batched,
-        [(PROMPTS[0], fine), (PROMPTS[1], Sampling(max_new_tokens=10**7)), (PROMPTS[2], fine)],
+        [
+            (PROMPTS[0], fine),
+            (PROMPTS[1], Sampling(max_new_tokens=4, seed=666)),
+            (PROMPTS[2], fine),
+        ],
     )
-    assert isinstance(results[1], ValueError) and "positions" in str(results[1])
+    assert isinstance(results[1], RuntimeError) and "broken" in str(results[1])
     assert all(isinstance(r, Generation) for r in (results[0], results[2]))
+    too_long = together(batched, [(PROMPTS[0], Sampling(max_new_tokens=10**7))])
+    assert isinstance(too_long[0], ValueError) and "lower max_new_tokens" in str(too_long[0])
+
+
+SHARED = "You are a planner. " * 12 + "Choose one tool from: python, local_search. Question: "
+
+
+@pytest.mark.parametrize("min_shared_prefix", [8, 10**9])
+def test_a_shared_prefix_is_read_once_and_changes_nothing(
+    tiny_model_dir: Path, min_shared_prefix: int
+) -> None:
+    single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
+    batched = BatchingPolicy(
+        single, max_batch_size=8, max_wait_s=0.2, min_shared_prefix=min_shared_prefix
+    )
+    prompts = [SHARED + p for p in PROMPTS]
+    encoded = [batched.encode_chat(chat(p)) for p in prompts]
+    assert batching.shared_prefix_length(encoded) > 40
+    calls = [
+        (prompts[0], Sampling(temperature=0.0, max_new_tokens=10)),
+        (prompts[1], Sampling(temperature=0.0, max_new_tokens=6)),
+        (prompts[2], Sampling(temperature=0.9, max_new_tokens=8, seed=4)),
+        (prompts[3], Sampling(temperature=0.0, max_new_tokens=12)),
+    ]
+    results = together(batched, calls)
+    assert max(batched.batch_sizes) > 1
+    for (prompt, sampling), got in zip(calls, results, strict=True):
+        assert got.prompt_ids == single.encode_chat(chat(prompt))
+        assert got.logprobs == pytest.approx(rescored(single, got, sampling.temperature), abs=1e-4)
+        if sampling.temperature == 0:
+            alone = single.generate(chat(prompt), sampling)
+            assert got.completion_ids == alone.completion_ids
+
+
+def test_shared_prefix_length_leaves_every_prompt_a_token() -> None:
+    assert batching.shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert batching.shared_prefix_length([[1, 2, 3, 4], [1, 2, 9], [1, 2, 3]]) == 2
+    assert batching.shared_prefix_length([[5], [5, 6]]) == 0
+    assert batching.shared_prefix_length([[1, 2], [3, 2]]) == 0
 
 
 def test_bad_settings_are_errors(policies: tuple[HFPolicy, BatchingPolicy]) -> None:

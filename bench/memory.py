@@ -1,0 +1,162 @@
+"""Memory: peak RSS of one training step on CPU, Flow-GRPO beside TRL's stock GRPO update.
+
+Run: `python bench/memory.py [--planner MODEL]`. Peak RSS is per process, so every arm runs
+in a fresh subprocess of this script, one after the other:
+- `model`: the model and tokenizer loaded, nothing else (the floor);
+- `stock`: TRL's `GRPOTrainer` update on fixed rows (as in `bench/update.py`);
+- `flow`: a `FlowGRPOTrainer` update on the same rows, built from trajectories;
+- `online`: one whole `flowlearn train` step with `examples/train.yaml` (rollouts through the
+  real flow, then the update), the job users run.
+Prints each arm's peak RSS, what it adds over the floor and the flow/stock ratio; writes
+bench/results/memory.json. Peak GPU memory is reported by `bench/gpu_train.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results" / "memory.json"
+ARMS = ("model", "stock", "flow", "online")
+
+
+def peak_rss_mib() -> int:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def run_arm(arm: str, args: argparse.Namespace) -> int:
+    """Run one arm in this process and return its peak RSS in MiB."""
+    if arm == "online":
+        from flowlearn.training.config import TrainConfig, read_yaml
+        from flowlearn.training.run import train
+
+        examples = HERE.parent / "examples"
+        values = read_yaml(examples / "train.yaml") | {
+            "data": str(examples / "train_questions.jsonl"),
+            "output_dir": tempfile.mkdtemp(prefix="flowlearn-mem-"),
+            "max_steps": 1,
+        }
+        if args.planner:
+            values["planner"] = args.planner
+        train(TrainConfig.from_dict(values))
+        return peak_rss_mib()
+
+    import torch
+    from trl import GRPOTrainer
+
+    sys.path.insert(0, str(HERE))
+    from update import config, groups
+
+    from flowlearn.graphs import Context
+    from flowlearn.nodes.hf_loading import load_model_and_tokenizer
+    from flowlearn.training.trainer import FlowGRPOTrainer, unused_reward
+
+    model, tokenizer = load_model_and_tokenizer(args.planner)
+    if arm == "model":
+        return peak_rss_mib()
+    data = groups(args.questions, args.group, args.prompt, args.completion, len(tokenizer))
+    rows = args.questions * args.group
+    out = Path(tempfile.mkdtemp(prefix="flowlearn-mem-"))
+    flow = FlowGRPOTrainer(
+        model,
+        args=config(out / "flow", rows, args.group, args.completion),
+        trajectories=data,
+        context=Context(planner_temperature=1.0),
+        processing_class=tokenizer,
+    )
+    inputs = [{"case": row["case"]} for row in flow.train_dataset] * args.group
+    if arm == "flow":
+        one_update(flow, flow._generate_and_score_completions(inputs))
+        return peak_rss_mib()
+    fixed = flow._generate_and_score_completions(inputs)
+    rewards = torch.tensor([t.reward for t in data]).view(-1, args.group)
+    spread = rewards.std(1, keepdim=True) + 1e-4
+    fixed["advantages"] = ((rewards - rewards.mean(1, keepdim=True)) / spread).view(-1)
+    del flow
+    stock = GRPOTrainer(
+        model=model,
+        reward_funcs=[unused_reward],
+        args=config(out / "stock", rows, args.group, args.completion),
+        train_dataset=load_dataset_rows(rows),
+        processing_class=tokenizer,
+    )
+    one_update(stock, fixed)
+    return peak_rss_mib()
+
+
+def one_update(trainer: Any, batch: dict[str, Any]) -> None:
+    """One loss, backward and optimizer step, as `Trainer.train` does for a step."""
+    trainer.create_optimizer_and_scheduler(num_training_steps=1)
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.model.train()
+    loss = trainer.compute_loss(
+        trainer.model, batch, num_items_in_batch=batch["num_items_in_batch"]
+    )
+    trainer.accelerator.backward(loss)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad()
+
+
+def load_dataset_rows(rows: int) -> object:
+    import datasets
+
+    return datasets.Dataset.from_list([{"prompt": f"q{i}"} for i in range(rows)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--planner", help="model (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--questions", type=int, default=2)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--completion", type=int, default=128)
+    parser.add_argument("--arms", default=",".join(ARMS), help="which arms, comma-separated")
+    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # one arm, in a child
+    args = parser.parse_args()
+    if args.arm:
+        print(json.dumps({"arm": args.arm, "peak_rss_mib": run_arm(args.arm, args)}))
+        return
+    arms = [a.strip() for a in args.arms.split(",")]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {list(ARMS)}")
+    peaks: dict[str, int] = {}
+    passed = [
+        f"--{name}={getattr(args, name)}" for name in ("questions", "group", "prompt", "completion")
+    ] + ([f"--planner={args.planner}"] if args.planner else [])
+    for arm in arms:
+        child = subprocess.run(
+            [sys.executable, __file__, *passed, "--arm", arm], capture_output=True, text=True
+        )
+        if child.returncode != 0:
+            sys.exit(f"arm {arm} failed:\n{child.stderr[-3000:]}")
+        peaks[arm] = json.loads(child.stdout.strip().splitlines()[-1])["peak_rss_mib"]
+        print(f"{arm:>7}: peak RSS {peaks[arm]:,} MiB", flush=True)
+    result: dict[str, object] = {
+        "rows": args.questions * args.group,
+        "prompt_tokens": args.prompt,
+        "completion_tokens": args.completion,
+        "peak_rss_mib": peaks,
+    }
+    floor = peaks.get("model")
+    if floor is not None:
+        result["over_model_mib"] = {a: p - floor for a, p in peaks.items() if a != "model"}
+    if "flow" in peaks and "stock" in peaks:
+        result["flow_over_stock"] = round(peaks["flow"] / peaks["stock"], 3)
+        if floor is not None:
+            extra = (peaks["flow"] - floor) / max(peaks["stock"] - floor, 1)
+            result["flow_over_stock_above_model"] = round(extra, 3)
+    print(json.dumps(result, indent=2))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
