@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,5 +36,6 @@ def train_command(args: argparse.Namespace) -> int:
     from flowlearn.training.run import train
 
     final = train(config)
-    print(f"final policy: {final} (use it: flowlearn run QUESTION --planner {final})")
+    if os.environ.get("RANK", "0") == "0":  # under `accelerate launch`, the main process says it
+        print(f"final policy: {final} (use it: flowlearn run QUESTION --planner {final})")
     return 0

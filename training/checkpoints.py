@@ -42,7 +42,10 @@ def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
         if is_complete(path):
             return path
         aside = _free_name(root / f"incomplete-{path.name}")
-        path.rename(aside)
+        try:
+            path.rename(aside)
+        except FileNotFoundError:  # another process of the same job set it aside first
+            continue
         logger.warning("%s was cut short by a crash; set aside as %s", path, aside.name)
     return None
 

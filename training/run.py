@@ -153,14 +153,22 @@ def _cases_and_scorer(config: TrainConfig) -> tuple[list[Any], Any]:
 
 
 def save_final(trainer: Any, tokenizer: Any, folder: Path, *, merge: bool) -> Path:
-    """Save the trained policy as a plain model folder (LoRA merged into its base), atomically."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    if merge:
-        save_atomically(folder.parent / "final-adapter", model.save_pretrained)
-        model = model.merge_and_unload()
+    """Save the trained policy as a plain model folder (LoRA merged into its base), atomically.
 
-    def save(staging: Path) -> None:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+    Under `accelerate launch` only the main process writes; the others wait for it.
+    """
+    accelerator = trainer.accelerator
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        model = accelerator.unwrap_model(trainer.model)
+        if merge:
+            save_atomically(folder.parent / "final-adapter", model.save_pretrained)
+            model = model.merge_and_unload()
 
-    return save_atomically(folder, save)
+        def save(staging: Path) -> None:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+
+        save_atomically(folder, save)
+    accelerator.wait_for_everyone()
+    return folder

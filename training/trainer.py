@@ -210,7 +210,7 @@ class FlowGRPOTrainer(GRPOTrainer):
                 cases,
                 self.scorer,
                 group_size=self.group_size,
-                store=self.rollout_store,
+                store=self._rank_store(),
                 context=self.flow_context,
                 concurrency=self.rollout_concurrency,
                 progress=False,
@@ -220,6 +220,19 @@ class FlowGRPOTrainer(GRPOTrainer):
             )
         finally:
             model.train(was_training)
+
+    def _rank_store(self) -> TrajectoryStore | None:
+        """Return this process's rollout store: under `accelerate launch`, one file per rank.
+
+        Each process rolls out its own questions; separate files keep appends from racing and
+        let each rank resume its own step after a crash.
+        """
+        store, rank = self.rollout_store, self.accelerator.process_index
+        if store is None or rank == 0:
+            return store
+        return TrajectoryStore(
+            store.path.with_name(f"{store.path.stem}.rank{rank}{store.path.suffix}")
+        )
 
     def _agentflow(self, policy: Policy) -> Any:
         return build_agentflow(policy, self.engine, self.flow_tools)

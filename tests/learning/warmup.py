@@ -1,4 +1,4 @@
-"""Build a tiny planner for the learning test and warm it up on the output format only."""
+"""A tiny planner for the learning test, warmed up on the output format with random tools."""
 
 from __future__ import annotations
 
@@ -9,43 +9,68 @@ from typing import Any
 
 from tiny_model import build_tiny_model
 
+TOOLS = ["python", "local_search"]
 FORMAT = "Sub-Goal: answer the question\nTool Name: {tool}"
+WORDS = [*TOOLS, "+", "capital"]
+"""Kept whole by the tokenizer. Its merges cross spaces, so the template becomes a few long
+tokens (a prompt is about 70), but the words a choice depends on must stay shared tokens:
+merged into the text around them, every held-out question would read as new tokens."""
 
 
-def build_policy_model(folder: Path, texts: Sequence[str], seed: int = 0) -> Path:
-    """A byte-level BPE fitted to the task's prompts and a small Qwen2, saved to `folder`."""
-    return build_tiny_model(
+def build_policy(folder: Path, texts: Sequence[str], seed: int) -> tuple[Any, Any]:
+    """A byte-level BPE fitted to the task's prompts and a small Qwen2 (hidden 64, 2 layers).
+
+    Weights are drawn with std 0.1 instead of 0.02: at 0.02 attention is near uniform over the
+    70 tokens and the last position hardly sees the question, so no gradient separates the two
+    question types and learning stalls at chance (supervised learning too, after the warm-up).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    build_tiny_model(
         folder, seed, texts=list(texts), vocab_size=4000, hidden_size=64, whole_text=True
     )
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer.add_tokens(WORDS)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+                module.weight.normal_(0.0, 0.1)
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    return model, tokenizer
 
 
 def warm_up_format(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[list[dict[str, str]]],
-    tools: Sequence[str],
-    epochs: int = 3,
+    *,
+    steps: int = 300,
+    lr: float = 3e-3,
     seed: int = 0,
 ) -> None:
-    """Supervised steps on `FORMAT` with a random tool per example: format, not the task."""
+    """Supervised steps on `FORMAT` with a random tool per example: the format, not the task."""
     import torch
 
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
-    for _ in range(epochs):
-        for messages in prompts:
-            prompt = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            answer = tokenizer(
-                FORMAT.format(tool=rng.choice(tools)) + "<|im_end|>", add_special_tokens=False
-            )["input_ids"]
-            ids = torch.tensor([list(prompt) + answer])
-            labels = ids.clone()
-            labels[0, : len(prompt)] = -100
-            loss = model(input_ids=ids, labels=labels).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    for step in range(steps):
+        prompt = tokenizer.apply_chat_template(
+            prompts[step % len(prompts)],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        answer = tokenizer(
+            FORMAT.format(tool=rng.choice(TOOLS)) + "<|im_end|>", add_special_tokens=False
+        )["input_ids"]
+        ids = torch.tensor([list(prompt) + answer])
+        labels = ids.clone()
+        labels[0, : len(prompt)] = -100
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
     model.eval()

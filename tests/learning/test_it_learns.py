@@ -1,0 +1,121 @@
+"""It learns: Flow-GRPO through the real flow takes a tiny planner from chance to the right tool.
+
+The task (`learning.task`): arithmetic questions need `python`, capital questions need
+`local_search` over a 16-passage corpus; the fixed engine is scripted and deterministic, so
+only the planner's tool choice decides the reward. The planner is a small Qwen2 warmed up on
+the output format with random tools, so it starts at chance (about 0.5 held out, greedy).
+
+What it took (measured on 2 CPU cores, seeds 0-2 all reach 1.0 held out in 40 steps):
+- 16 questions x 4 rollouts per step: with 8 questions the batch's mix of question types
+  swings the shared tool preference more than the per-question signal moves the choice.
+- Adam epsilon 1e-5 and 5 warm-up steps of the learning rate: with epsilon 1e-8, Adam turns
+  the near-cancelling gradients of the format tokens into full-size steps and the format
+  breaks within 20 steps (reward 0 everywhere, no signal left).
+- Weights drawn with std 0.1 and the deciding words kept as tokens (`learning.warmup`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+
+from trl.trainer.grpo_config import GRPOConfig
+
+from flowlearn.evals.benchmarks import score_case
+from flowlearn.evals.cases import Case
+from flowlearn.evals.harness import run_eval
+from flowlearn.evals.scorers import Score
+from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policy import Generation, Messages, Sampling
+from flowlearn.nodes.tools import local_search_tool, python_tool
+from flowlearn.training.trainer import FlowGRPOTrainer
+from learning.task import make_cases, scripted_engine, write_corpus
+from learning.warmup import FORMAT, TOOLS, build_policy, warm_up_format
+
+SEED = 0
+STEPS = 40
+
+
+class PromptRecorder:
+    """A policy that records the planner prompts the real flow renders."""
+
+    def __init__(self) -> None:
+        self.prompts: list[Messages] = []
+
+    def generate(self, messages: Messages, sampling: Sampling) -> Generation:
+        self.prompts.append(messages)
+        return Generation(text=FORMAT.format(tool="python"))
+
+
+def scorer(answer: str, case: Case) -> Score:
+    return score_case("exact_match", answer, case)
+
+
+def held_out_success(policy: Any, tokenizer: Any, graph_parts: Any, cases: list[Case]) -> float:
+    engine, tools = graph_parts
+    flow = build_agentflow(HFPolicy(policy, tokenizer), engine, tools)
+    greedy = Context(max_steps=1, planner_temperature=0.0, planner_max_new_tokens=16)
+    results = run_eval(flow, cases, scorer, concurrency=1, progress=False, context=greedy)
+    return sum(r.score for r in results) / len(results)
+
+
+def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
+    engine = scripted_engine()
+    tools = [python_tool(), local_search_tool(write_corpus(tmp_path / "corpus.jsonl"))]
+    train_cases, held_out = make_cases(64, 0), make_cases(40, 1)
+    recorder = PromptRecorder()
+    recording = build_agentflow(recorder, engine, tools)
+    for case in train_cases:
+        recording.invoke({"question": case.query}, context=Context(max_steps=1))
+    texts = [m["content"] for messages in recorder.prompts for m in messages]
+    texts += [FORMAT.format(tool=t) for t in TOOLS] * 20
+    model, tokenizer = build_policy(tmp_path / "policy", texts, SEED)
+    warm_up_format(model, tokenizer, recorder.prompts)
+
+    before = held_out_success(model, tokenizer, (engine, tools), held_out)
+    assert 0.3 <= before <= 0.7, f"the warmed-up planner should start near chance, got {before}"
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=16 * 4,
+        num_generations=4,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_steps=STEPS,
+        learning_rate=5e-3,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=5,
+        adam_epsilon=1e-5,
+        temperature=1.0,
+        loss_type="dapo",
+        beta=0.0,
+        max_completion_length=16,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+        use_cpu=True,
+        bf16=False,
+        seed=SEED,
+    )
+    trainer = FlowGRPOTrainer(
+        model,
+        args=args,
+        engine=engine,
+        tools=tools,
+        scorer=scorer,
+        cases=train_cases,
+        context=Context(max_steps=1, planner_temperature=1.0, planner_max_new_tokens=16),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+
+    after = held_out_success(model, tokenizer, (engine, tools), held_out)
+    curve = [h["flow/mean_reward"] for h in trainer.state.log_history if "flow/mean_reward" in h]
+    assert after >= 0.9, f"held-out success {before:.2f} -> {after:.2f}; reward curve {curve}"
+    assert sum(curve[-5:]) / 5 > sum(curve[:5]) / 5 + 0.3  # the training reward rose too
