@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results" / "memory.json"
@@ -48,11 +47,10 @@ def run_arm(arm: str, args: argparse.Namespace) -> int:
         train(TrainConfig.from_dict(values))
         return peak_rss_mib()
 
-    import torch
     from trl import GRPOTrainer
 
     sys.path.insert(0, str(HERE))
-    from update import config, groups
+    from update import config, groups, prepare, stock_advantages, update
 
     from flowlearn.graphs import Context
     from flowlearn.nodes.hf_loading import load_model_and_tokenizer
@@ -72,42 +70,23 @@ def run_arm(arm: str, args: argparse.Namespace) -> int:
         processing_class=tokenizer,
     )
     inputs = [{"case": row["case"]} for row in flow.train_dataset] * args.group
+    batch = flow._generate_and_score_completions(inputs)
     if arm == "flow":
-        one_update(flow, flow._generate_and_score_completions(inputs))
+        prepare(flow, 1)
+        update(flow, batch)
         return peak_rss_mib()
-    fixed = flow._generate_and_score_completions(inputs)
-    rewards = torch.tensor([t.reward for t in data]).view(-1, args.group)
-    spread = rewards.std(1, keepdim=True) + 1e-4
-    fixed["advantages"] = ((rewards - rewards.mean(1, keepdim=True)) / spread).view(-1)
-    del flow
+    batch["advantages"] = stock_advantages(data, args.group)
     stock = GRPOTrainer(
         model=model,
         reward_funcs=[unused_reward],
         args=config(out / "stock", rows, args.group, args.completion),
-        train_dataset=load_dataset_rows(rows),
+        train_dataset=flow.train_dataset,
         processing_class=tokenizer,
     )
-    one_update(stock, fixed)
+    del flow
+    prepare(stock, 1)
+    update(stock, batch)
     return peak_rss_mib()
-
-
-def one_update(trainer: Any, batch: dict[str, Any]) -> None:
-    """One loss, backward and optimizer step, as `Trainer.train` does for a step."""
-    trainer.create_optimizer_and_scheduler(num_training_steps=1)
-    trainer.current_gradient_accumulation_steps = 1
-    trainer.model.train()
-    loss = trainer.compute_loss(
-        trainer.model, batch, num_items_in_batch=batch["num_items_in_batch"]
-    )
-    trainer.accelerator.backward(loss)
-    trainer.optimizer.step()
-    trainer.optimizer.zero_grad()
-
-
-def load_dataset_rows(rows: int) -> object:
-    import datasets
-
-    return datasets.Dataset.from_list([{"prompt": f"q{i}"} for i in range(rows)])
 
 
 def main() -> None:

@@ -67,23 +67,39 @@ def config(out: Path, rows: int, g: int, completion: int) -> GRPOConfig:
     )
 
 
+def update(trainer, batch) -> None:  # type: ignore[no-untyped-def]
+    """One loss, backward and optimizer step, as `Trainer.train` does for a step."""
+    trainer.model.train()
+    loss = trainer.compute_loss(
+        trainer.model, batch, num_items_in_batch=batch["num_items_in_batch"]
+    )
+    trainer.accelerator.backward(loss)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad()
+    assert torch.isfinite(loss)
+
+
+def prepare(trainer, steps: int) -> None:  # type: ignore[no-untyped-def]
+    """Set up what `train()` would before stepping by hand."""
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps)
+    trainer.current_gradient_accumulation_steps = 1
+
+
 def timed(trainer, inputs, repeats: int) -> float:  # type: ignore[no-untyped-def]
-    trainer.create_optimizer_and_scheduler(num_training_steps=repeats + 1)
-    trainer.current_gradient_accumulation_steps = 1  # set by train(); we step by hand
+    prepare(trainer, repeats + 1)
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
-        batch = inputs()
-        trainer.model.train()
-        loss = trainer.compute_loss(
-            trainer.model, batch, num_items_in_batch=batch["num_items_in_batch"]
-        )
-        trainer.accelerator.backward(loss)
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad()
+        update(trainer, inputs())
         times.append(time.perf_counter() - start)
-        assert torch.isfinite(loss)
     return statistics.median(times[1:])
+
+
+def stock_advantages(data: list[Trajectory], group: int) -> torch.Tensor:
+    """One advantage per row, as TRL's stock GRPO computes them from the outcome rewards."""
+    rewards = torch.tensor([t.reward for t in data]).view(-1, group)
+    spread = rewards.std(1, keepdim=True) + 1e-4
+    return ((rewards - rewards.mean(1, keepdim=True)) / spread).view(-1)
 
 
 def main() -> None:
@@ -109,11 +125,7 @@ def main() -> None:
     inputs = [{"case": row["case"]} for row in flow.train_dataset] * args.group
     flow_seconds = timed(flow, lambda: flow._generate_and_score_completions(inputs), args.repeats)
     fixed = flow._generate_and_score_completions(inputs)
-    stock_inputs = dict(fixed)
-    rewards = torch.tensor([t.reward for t in data])
-    grouped = rewards.view(-1, args.group)
-    spread = grouped.std(1, keepdim=True) + 1e-4
-    stock_inputs["advantages"] = ((grouped - grouped.mean(1, keepdim=True)) / spread).view(-1)
+    stock_inputs = dict(fixed, advantages=stock_advantages(data, args.group))
     stock = GRPOTrainer(
         model=model,
         reward_funcs=[unused_reward],
