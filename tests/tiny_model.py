@@ -25,7 +25,6 @@ def build_tiny_model(
     hidden_size: int = 32,
     whole_text: bool = False,
     min_frequency: int = 0,
-    tie_word_embeddings: bool = True,
 ) -> Path:
     """Train a byte-level BPE on a few lines, build a tiny Qwen2, save both.
 
@@ -68,7 +67,7 @@ def build_tiny_model(
         max_position_embeddings=8192,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=tie_word_embeddings,
+        tie_word_embeddings=True,
     )
     model = Qwen2ForCausalLM(config)
     folder.mkdir(parents=True, exist_ok=True)

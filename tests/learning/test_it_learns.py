@@ -58,9 +58,11 @@ def scorer(answer: str, case: Case) -> Score:
     return score_case("exact_match", answer, case)
 
 
-def held_out_success(policy: Any, tokenizer: Any, graph_parts: Any, cases: list[Case]) -> float:
-    engine, tools = graph_parts
-    flow = build_agentflow(HFPolicy(policy, tokenizer), engine, tools)
+def held_out_success(
+    model: Any, tokenizer: Any, engine: Any, tools: Any, cases: list[Case]
+) -> float:
+    """Greedy success of the model as planner on `cases`."""
+    flow = build_agentflow(HFPolicy(model, tokenizer), engine, tools)
     greedy = Context(max_steps=1, planner_temperature=0.0, planner_max_new_tokens=16)
     results = run_eval(flow, cases, scorer, concurrency=1, progress=False, context=greedy)
     return sum(r.score for r in results) / len(results)
@@ -84,7 +86,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     tokenizer.save_pretrained(tmp_path / "warm")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "warm")
 
-    before = held_out_success(model, tokenizer, (engine, tools), held_out)
+    before = held_out_success(model, tokenizer, engine, tools, held_out)
     assert 0.3 <= before <= 0.7, f"the warmed-up planner should start near chance, got {before}"
 
     args = GRPOConfig(
@@ -122,7 +124,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     )
     trainer.train()
 
-    after = held_out_success(model, tokenizer, (engine, tools), held_out)
+    after = held_out_success(model, tokenizer, engine, tools, held_out)
     curve = [h["flow/mean_reward"] for h in trainer.state.log_history if "flow/mean_reward" in h]
     print(f"held-out success {before:.2f} -> {after:.2f}; reward curve {curve}")
     assert after >= 0.9, f"held-out success {before:.2f} -> {after:.2f}; reward curve {curve}"
