@@ -197,29 +197,34 @@ class BatchingPolicy(HFPolicy):
                 **prefix_cache,
             )
             past, last = getattr(out, cache_arg), positions[:, -1]
-            for _ in range(max(s.max_new_tokens for s in samplings)):
-                logits = out.logits[:, -1, :].float()
-                chosen = torch.full((n,), pad, dtype=torch.long)
-                for i, sampling in enumerate(samplings):
-                    if done[i]:
-                        continue
-                    token, logprob = _pick(logits[i], sampling, generators[i])
+            rows = [i for i in range(n) if not done[i]]  # request of each row still decoding
+            if len(rows) < n:
+                past, mask, last, logits = _keep(rows, past, mask, last, out.logits[:, -1, :])
+            else:
+                logits = out.logits[:, -1, :]
+            while rows:
+                picked = _pick_rows(logits.float(), [samplings[i] for i in rows], generators, rows)
+                for i, (token, logprob) in zip(rows, picked, strict=True):
                     completions[i].append(token)
                     logprobs[i].append(logprob)
-                    chosen[i] = token
-                    done[i] = token in stops or len(completions[i]) >= sampling.max_new_tokens
-                if all(done):
+                    done[i] = token in stops or len(completions[i]) >= samplings[i].max_new_tokens
+                chosen = torch.tensor([token for token, _ in picked], device=device)
+                keep = [j for j, i in enumerate(rows) if not done[i]]
+                if not keep:
                     break
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], 1)
+                if len(keep) < len(rows):  # finished rows leave the batch: no work on them
+                    past, mask, last, chosen = _keep(keep, past, mask, last, chosen)
+                    rows = [rows[j] for j in keep]
+                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
                 last = last + 1
                 out = model(
-                    input_ids=chosen.unsqueeze(1).to(device),
+                    input_ids=chosen.unsqueeze(1),
                     attention_mask=mask,
                     position_ids=last.unsqueeze(1),
                     use_cache=True,
                     **{cache_arg: past},
                 )
-                past = getattr(out, cache_arg)
+                past, logits = getattr(out, cache_arg), out.logits[:, -1, :]
         return list(zip(completions, logprobs, strict=True))
 
 
@@ -251,19 +256,46 @@ def _generator(seed: int | None, device: Any) -> Any:
     return generator
 
 
-def _pick(logits: Any, sampling: Sampling, generator: Any) -> tuple[int, float]:
-    """Choose one token as the single-call policy would, with its logprob."""
+def _keep(rows: list[int], cache: Any, *tensors: Any) -> tuple[Any, ...]:
+    """Keep only `rows` of the KV cache and of each per-row tensor."""
     import torch
 
-    if sampling.temperature == 0:
-        token = int(torch.argmax(logits))
-        return token, float(torch.log_softmax(logits, -1)[token])
-    scaled = torch.log_softmax(logits / sampling.temperature, -1)
-    probs = scaled.exp()
-    if sampling.top_p < 1.0:  # top-p truncates the tail; the logprob stays the full one
-        ordered, order = torch.sort(probs, descending=True)
-        outside = ordered.cumsum(-1) - ordered > sampling.top_p
-        probs = probs.clone()
-        probs[order[outside]] = 0.0
-    token = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
-    return token, float(scaled[token])
+    index = torch.tensor(rows, device=tensors[0].device)
+    cache.batch_select_indices(index)
+    return (cache, *(t[index] for t in tensors))
+
+
+def _pick_rows(
+    logits: Any, samplings: list[Sampling], generators: list[Any], rows: list[int]
+) -> list[tuple[int, float]]:
+    """Choose one token per row as the single-call policy would, with its logprob.
+
+    All rows are scored in one `log_softmax` (temperature 0 is scored at 1); sampled rows draw
+    by inverse CDF from one uniform of their own generator, so a seeded request samples the
+    same tokens whatever shares its batch. Top-p truncates the tail before the draw; the
+    logprob stays the full distribution's.
+    """
+    import torch
+
+    temperatures = torch.tensor(
+        [s.temperature if s.temperature > 0 else 1.0 for s in samplings], device=logits.device
+    )
+    scaled = torch.log_softmax(logits / temperatures.unsqueeze(1), -1)
+    tokens = scaled.argmax(-1)
+    sampled = [j for j, s in enumerate(samplings) if s.temperature > 0]
+    if sampled:
+        index = torch.tensor(sampled, device=logits.device)
+        probs = scaled[index].exp()
+        top_p = torch.tensor([samplings[j].top_p for j in sampled], device=logits.device)
+        if bool((top_p < 1.0).any()):
+            ordered, order = torch.sort(probs, descending=True, dim=-1)
+            outside = ordered.cumsum(-1) - ordered > top_p.unsqueeze(1)
+            probs = probs.scatter(1, order, ordered.masked_fill(outside, 0.0))
+        cdf = probs.cumsum(-1)
+        draws = torch.cat(
+            [torch.rand(1, generator=generators[rows[j]], device=logits.device) for j in sampled]
+        )
+        chosen = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True)
+        tokens[index] = chosen.squeeze(1).clamp(max=probs.shape[1] - 1)
+    picked = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return list(zip(tokens.tolist(), picked.tolist(), strict=True))

@@ -161,3 +161,26 @@ def test_policies_over_one_model_share_its_lock(policies: tuple[HFPolicy, Batchi
     single, batched = policies
     other = HFPolicy(single.model, single.tokenizer)
     assert single._lock is batched._lock is other._lock is FrozenBasePolicy(other)._lock
+
+
+@pytest.mark.parametrize(
+    ("sampling", "expected"),
+    [
+        (Sampling(temperature=1.0), [0.5, 0.3, 0.2]),
+        (Sampling(temperature=1.0, top_p=0.6), [0.625, 0.375, 0.0]),  # the tail is cut
+        (Sampling(temperature=2.0), [0.4154, 0.3218, 0.2628]),  # probs ** 0.5, normalised
+    ],
+)
+def test_sampling_draws_from_the_logged_distribution(
+    sampling: Sampling, expected: list[float]
+) -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0]))
+    draws = 4000
+    rows = list(range(draws))
+    generators = [batching._generator(seed, torch.device("cpu")) for seed in rows]
+    picked = batching._pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators, rows)
+    counts = torch.bincount(torch.tensor([t for t, _ in picked]), minlength=5) / draws
+    assert counts[:3].tolist() == pytest.approx(expected, abs=0.03)
+    assert counts[3:].sum() == 0  # zero-probability tokens are never drawn
+    scaled = torch.log_softmax(logits / sampling.temperature, -1)
+    assert all(lp == pytest.approx(float(scaled[t]), abs=1e-6) for t, lp in picked)
