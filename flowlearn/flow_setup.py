@@ -17,6 +17,11 @@ def add_flow_options(parser: argparse.ArgumentParser, *, max_steps: int = 10) ->
     models = parser.add_argument_group("models")
     models.add_argument("--planner", help="planner model: hub id, local folder or .gguf file")
     models.add_argument("--engine", help="fixed engine model (default: the planner's model)")
+    models.add_argument(
+        "--planner-url",
+        help="plan on an OpenAI-compatible server (vLLM) at this base URL, e.g. "
+        "http://127.0.0.1:8000/v1; --planner names the served model (the engine stays local)",
+    )
     models.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA if available)")
     models.add_argument("--dtype", help="float32, bfloat16, ... (default: bf16 on CUDA, else fp32)")
     models.add_argument(
@@ -73,8 +78,13 @@ def build_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flow:
         )
         if args.corpus is not None and not Path(args.corpus).is_file():
             raise ValueError(f"--corpus {args.corpus} is not a file; give a JSONL corpus")
+        if args.planner_url is not None and not args.planner:
+            raise ValueError(
+                "--planner-url needs --planner: the name the server serves the model under"
+            )
+        local_planner = None if args.planner_url else args.planner
         models = load_local_models(
-            args.planner,
+            local_planner,
             args.engine,
             device=args.device,
             dtype=args.dtype,
@@ -82,11 +92,30 @@ def build_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flow:
             batch_size=getattr(args, "concurrency", 1),  # concurrent flows share batches
         )
         tools = default_tools(models.engine, corpus=args.corpus, web=args.web or None)
+        planner = models.planner if args.planner_url is None else server_planner(args)
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
     names = [tool.name for tool in tools]
     unknown = sorted(set(context.tools or ()) - set(names))
     if unknown:
         raise UsageError(f"unknown tools {unknown}; available: {sorted(names)}")
-    graph = build_agentflow(models.planner, models.engine, tools, checkpointer=checkpointer)
-    return Flow(graph, context, models.planner, models.engine, sorted(context.tools or names))
+    graph = build_agentflow(planner, models.engine, tools, checkpointer=checkpointer)
+    return Flow(graph, context, planner, models.engine, sorted(context.tools or names))
+
+
+def server_planner(args: argparse.Namespace) -> Any:
+    """Return the planner on the server at `--planner-url`, serving the `--planner` model.
+
+    When the model's tokenizer loads here (a local folder, or a hub id with hub access), the
+    chat template is applied here and prompts go to the server as token ids; otherwise the
+    server renders them. Either way the transitions carry the ids the server returns.
+    """
+    from flowlearn.nodes.server_policy import ServerPolicy
+
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.planner)
+    except (OSError, ValueError):
+        tokenizer = None
+    return ServerPolicy(args.planner_url, args.planner, tokenizer=tokenizer)

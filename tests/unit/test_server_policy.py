@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,3 +167,23 @@ def test_bad_settings_are_errors() -> None:
         ServerPolicy("127.0.0.1:8000", "m")
     with pytest.raises(ValueError, match="logprobs_mode"):
         ServerPolicy("http://127.0.0.1:8000/v1", "m", logprobs_mode="after")  # type: ignore[arg-type]
+
+
+def test_the_cli_plans_on_a_server(
+    tiny_model_dir: Path, server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flowlearn.cli import main
+
+    out = tmp_path / "runs.jsonl"
+    argv = ["run", "What is 17 * 23?", "--planner-url", f"{server.url}/v1"]
+    options = ["--engine", str(tiny_model_dir), "--max-steps", "2", "--max-new-tokens", "8"]
+    options += ["--engine-max-new-tokens", "8", "--seed", "0", "--save", str(out)]
+    assert main([*argv, *options]) == 2  # no served model named
+    assert "--planner-url needs --planner" in capsys.readouterr().err
+    assert main([*argv, "--planner", str(tiny_model_dir), *options]) == 0
+    assert f"planner: {tiny_model_dir}@server" in capsys.readouterr().out
+    assert server.requests and all(r.path == "/v1/completions" for r in server.requests)
+    assert {r.body["model"] for r in server.requests} == {str(tiny_model_dir)}
+    (run,) = [json.loads(line) for line in out.read_text().splitlines()]
+    turns = [t for t in run["transitions"] if t["node"] == "planner"]
+    assert turns and all(len(t["completion_ids"]) == len(t["logprobs"]) > 0 for t in turns)
