@@ -157,51 +157,22 @@ class BatchingPolicy(HFPolicy):
                 )
         eos = model.generation_config.eos_token_id or self.tokenizer.eos_token_id
         stops = set(eos if isinstance(eos, list) else [eos])
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         device = model.device
-        n = len(prompts)
-        shared = shared_prefix_length(prompts) if n > 1 else 0
-        if shared < self.min_shared_prefix:
-            shared = 0
-        # Layout: [shared prefix][left padding][each prompt's own tail]. The prefix is read once
-        # and its KV cache repeated for every row; positions follow the mask, so each token
-        # sits where it would in a single call.
-        width = max(len(p) for p in prompts) - shared
-        ids = torch.full((n, width), pad, dtype=torch.long)
-        mask = torch.zeros((n, shared + width), dtype=torch.long)
-        mask[:, :shared] = 1
-        for i, prompt in enumerate(prompts):
-            tail = prompt[shared:]
-            ids[i, width - len(tail) :] = torch.tensor(tail)
-            mask[i, shared + width - len(tail) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
         generators = [_generator(s.seed, device) for s in samplings]
         completions: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         done = [s.max_new_tokens <= 0 for s in samplings]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache_arg = _cache_argument(model)
         with self._lock, torch.no_grad():
-            prefix_cache: dict[str, Any] = {}
-            if shared:
-                head = torch.tensor([prompts[0][:shared]], device=device)
-                cache = getattr(model(input_ids=head, use_cache=True, logits_to_keep=1), cache_arg)
-                cache.batch_repeat_interleave(n)
-                prefix_cache = {cache_arg: cache}
-            out = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions[:, shared:],
-                use_cache=True,
-                logits_to_keep=1,  # the prompt's logits are never needed, only the next one's
-                **prefix_cache,
-            )
-            past, last = getattr(out, cache_arg), positions[:, -1]
-            rows = [i for i in range(n) if not done[i]]  # request of each row still decoding
-            if len(rows) < n:
-                past, mask, last, logits = _keep(rows, past, mask, last, out.logits[:, -1, :])
-            else:
-                logits = out.logits[:, -1, :]
+            # Prompts of one kind (the planner's, the verifier's, ...) share a long prefix and
+            # similar lengths: each kind is read as its own group, then all decode together.
+            groups = prefix_groups(prompts, self.min_shared_prefix)
+            read = [self._prefill([prompts[i] for i in group]) for group in groups]
+            rows = [i for group in groups for i in group]  # the request of each batch row
+            past, mask, last, logits = _stack(read) if len(read) > 1 else read[0]
+            keep = [j for j, i in enumerate(rows) if not done[i]]
+            if len(keep) < len(rows):
+                past, mask, last, logits = _keep(keep, past, mask, last, logits)
+                rows = [rows[j] for j in keep]
             while rows:
                 picked = _pick_rows(logits.float(), [samplings[i] for i in rows], generators, rows)
                 for i, (token, logprob) in zip(rows, picked, strict=True):
@@ -222,10 +193,85 @@ class BatchingPolicy(HFPolicy):
                     attention_mask=mask,
                     position_ids=last.unsqueeze(1),
                     use_cache=True,
-                    **{cache_arg: past},
+                    cache=past,
                 )
-                past, logits = getattr(out, cache_arg), out.logits[:, -1, :]
+                past, logits = out.cache, out.logits[:, -1, :]
         return list(zip(completions, logprobs, strict=True))
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any, Any]:
+        """Read a group of prompts; return their KV cache, mask, last positions, next logits.
+
+        Layout: [shared prefix][left padding][each prompt's own tail]. A prefix of at least
+        `min_shared_prefix` tokens is read once and its cache repeated for every row; positions
+        follow the mask, so each token sits where it would in a single call.
+        """
+        import torch
+
+        model, device, n = self.model, self.model.device, len(prompts)
+        shared = shared_prefix_length(prompts) if n > 1 else 0
+        if shared < self.min_shared_prefix:
+            shared = 0
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(p) for p in prompts) - shared
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        mask = torch.zeros((n, shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
+        for i, prompt in enumerate(prompts):
+            tail = prompt[shared:]
+            ids[i, width - len(tail) :] = torch.tensor(tail)
+            mask[i, shared + width - len(tail) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        prefix: dict[str, Any] = {}
+        if shared:
+            head = torch.tensor([prompts[0][:shared]], device=device)
+            cache = model(input_ids=head, use_cache=True, logits_to_keep=1).cache
+            cache.batch_repeat_interleave(n)
+            prefix = {"cache": cache}
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions[:, shared:],
+            use_cache=True,
+            logits_to_keep=1,  # the prompt's logits are never needed, only the next one's
+            **prefix,
+        )
+        return out.cache, mask, positions[:, -1], out.logits[:, -1, :]
+
+
+def prefix_groups(prompts: list[list[int]], min_shared_prefix: int) -> list[list[int]]:
+    """Group prompt indices so that each group's prompts share `min_shared_prefix` tokens.
+
+    Sorted by their tokens, prompts with long common prefixes sit next to each other; a group
+    ends where the next prompt shares less than `min_shared_prefix` tokens with it.
+    """
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    groups = [[order[0]]]
+    for i in order[1:]:
+        if shared_prefix_length([prompts[groups[-1][0]], prompts[i]]) >= min_shared_prefix:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _stack(groups: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, Any, Any, Any]:
+    """Join the groups' caches and masks into one batch, left-padded to the longest."""
+    import torch
+    import torch.nn.functional as F
+
+    width = max(mask.shape[1] for _, mask, _, _ in groups)
+    cache = groups[0][0]
+    for index, layer in enumerate(cache.layers):
+        for name in ("keys", "values"):
+            padded = [
+                F.pad(getattr(c.layers[index], name), (0, 0, width - m.shape[1], 0))
+                for c, m, _, _ in groups
+            ]
+            setattr(layer, name, torch.cat(padded))
+    mask = torch.cat([F.pad(m, (width - m.shape[1], 0)) for _, m, _, _ in groups])
+    last = torch.cat([last for _, _, last, _ in groups])
+    return cache, mask, last, torch.cat([logits for _, _, _, logits in groups])
 
 
 def shared_prefix_length(prompts: list[list[int]]) -> int:
@@ -235,14 +281,6 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
     while length < shortest - 1 and all(p[length] == first[length] for p in prompts):
         length += 1
     return length
-
-
-def _cache_argument(model: Any) -> str:
-    """Return the KV-cache keyword of this transformers: `cache` (5.x) or `past_key_values`."""
-    import inspect
-
-    parameters = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _generator(seed: int | None, device: Any) -> Any:

@@ -184,3 +184,26 @@ def test_sampling_draws_from_the_logged_distribution(
     assert counts[3:].sum() == 0  # zero-probability tokens are never drawn
     scaled = torch.log_softmax(logits / sampling.temperature, -1)
     assert all(lp == pytest.approx(float(scaled[t]), abs=1e-6) for t, lp in picked)
+
+
+def test_prompts_of_two_kinds_are_read_as_two_groups_and_decoded_together(
+    tiny_model_dir: Path,
+) -> None:
+    single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
+    batched = BatchingPolicy(single, max_batch_size=8, max_wait_s=0.2, min_shared_prefix=8)
+    other = "Judge whether the memory answers the question. " * 8 + "Question: "
+    prompts = [SHARED + p for p in PROMPTS[:2]] + [other + p for p in PROMPTS]
+    encoded = [batched.encode_chat(chat(p)) for p in prompts]
+    groups = batching.prefix_groups(encoded, 8)
+    assert sorted(sorted(g) for g in groups) == [[0, 1], [2, 3, 4, 5]]
+    budgets = [10, 3, 12, 6, 9, 4]
+    calls = [
+        (p, Sampling(temperature=0.0, max_new_tokens=b))
+        for p, b in zip(prompts, budgets, strict=True)
+    ]
+    results = together(batched, calls)
+    assert max(batched.batch_sizes) == len(calls)  # one decoding loop for both groups
+    for (prompt, sampling), got in zip(calls, results, strict=True):
+        alone = single.generate(chat(prompt), sampling)
+        assert got.completion_ids == alone.completion_ids
+        assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
