@@ -46,8 +46,8 @@ def write_corpus(path: Path) -> Path:
     return path
 
 
-def make_cases(n: int, seed: int) -> list[Case]:
-    """Half arithmetic, half capital questions, shuffled."""
+def make_cases(n: int, seed: int, *, shuffle: bool = True) -> list[Case]:
+    """Half arithmetic, half capital questions: shuffled, or alternating when not `shuffle`."""
     rng = random.Random(seed)
     cases = []
     for i in range(n):
@@ -59,7 +59,8 @@ def make_cases(n: int, seed: int) -> list[Case]:
             cases.append(
                 Case(f"{seed}-{i}", f"What is the capital of {country}?", CAPITALS[country])
             )
-    rng.shuffle(cases)
+    if shuffle:
+        rng.shuffle(cases)
     return cases
 
 
