@@ -23,9 +23,6 @@ from typing import Any
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Generation, Messages, Sampling
 
-IDLE_EXIT_S = 5.0
-"""A batching worker with nothing to decode for this long ends; the next call starts one."""
-
 
 @dataclass
 class _Request:
@@ -108,8 +105,8 @@ class BatchingPolicy(HFPolicy):
             return self.policy.generate(messages, sampling, streamer=streamer)
         prompt_ids, notes = self.fit_prompt(self.encode_chat(messages), sampling.max_new_tokens)
         request = _Request(prompt_ids, sampling, notes)
-        self._queue.put(request)
         self._ensure_worker()
+        self._queue.put(request)
         return request.future.result()
 
     def _ensure_worker(self) -> None:
@@ -121,17 +118,9 @@ class BatchingPolicy(HFPolicy):
                 self._worker.start()
 
     def _serve(self) -> None:
-        """Decode until idle for `IDLE_EXIT_S`, then end (the next call starts a new worker)."""
         running: _Running | None = None
         while True:
-            try:
-                arrived = self._arrivals(running)
-            except queue.Empty:
-                with self._start_lock:  # a call queued before this check keeps the worker
-                    if self._queue.empty():
-                        self._worker = None
-                        return
-                continue
+            arrived = self._arrivals(running)
             try:
                 if arrived:
                     running = self._admit(running, arrived)
@@ -144,16 +133,11 @@ class BatchingPolicy(HFPolicy):
                 running = None
 
     def _arrivals(self, running: _Running | None) -> list[_Request]:
-        """Take the requests that join: wait for the first when idle, else only what's queued.
-
-        Raises:
-            queue.Empty: idle, and nothing came for `IDLE_EXIT_S`.
-
-        """
+        """Take the requests that join: wait for the first when idle, else only what's queued."""
         room = self.max_batch_size - (len(running.rows) if running else 0)
         arrived: list[_Request] = []
         if running is None:
-            arrived.append(self._queue.get(timeout=IDLE_EXIT_S))
+            arrived.append(self._queue.get())
             deadline = time.perf_counter() + self.max_wait_s
             while len(arrived) < room:
                 try:

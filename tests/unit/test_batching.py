@@ -247,20 +247,3 @@ def test_requests_join_a_running_batch_and_leave_it_when_done(
         alone = single.generate(chat(prompt), sampling)
         assert got.completion_ids == alone.completion_ids
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
-
-
-def test_an_idle_worker_ends_and_the_next_call_starts_one(
-    policies: tuple[HFPolicy, BatchingPolicy], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Training makes a batching policy per step: idle workers must not pile up."""
-    single, batched = policies
-    monkeypatch.setattr(batching, "IDLE_EXIT_S", 0.05)
-    greedy = Sampling(temperature=0.0, max_new_tokens=4)
-    first = batched.generate(chat(PROMPTS[0]), greedy)
-    worker = batched._worker
-    assert worker is not None
-    worker.join(timeout=5)
-    assert not worker.is_alive() and batched._worker is None
-    again = batched.generate(chat(PROMPTS[0]), greedy)
-    assert again.completion_ids == first.completion_ids
-    assert again.completion_ids == single.generate(chat(PROMPTS[0]), greedy).completion_ids
