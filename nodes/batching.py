@@ -1,14 +1,13 @@
 """Dynamic batching: concurrent policy calls from many in-flight flows share one forward pass.
 
 RL on agent flows spends most of its time generating. With G rollouts of Q questions in flight
-(threads or asyncio), `BatchingPolicy` queues each `generate` call and decodes up to
-`max_batch_size` of them together in one KV-cached loop, each with its own temperature, top-p,
-seed, token budget and stop at EOS. The loop is continuous: a request that finishes leaves the
-batch and returns at once, and requests that arrive meanwhile join it at the next step (read
-as groups of prompts that share a prefix, then stacked onto the running cache, left-padded).
-Each request gets back exactly what a single call logs: its prompt ids, the ids it sampled
-and `log_softmax(logits / temperature)` of each (temperature 1 for greedy). A request that
-fails (a bad prompt, a sampler that raises) fails alone.
+(threads or asyncio), `BatchingPolicy` queues each `generate` call, waits at most `max_wait_s`
+for others, and decodes up to `max_batch_size` of them together: prompts left-padded, one
+KV-cached decoding loop, and for every request its own temperature, top-p, seed, token budget
+and stop at EOS. Each request gets back exactly what a single call logs: its prompt ids, the
+ids it sampled and `log_softmax(logits / temperature)` of each (temperature 1 for greedy).
+A request that fails (say, a bad token id) fails alone: a batch that
+raises is retried one request at a time.
 """
 
 from __future__ import annotations
@@ -30,21 +29,6 @@ class _Request:
     sampling: Sampling
     notes: list[str] = field(default_factory=list)
     future: Future[Generation] = field(default_factory=Future)
-    generator: Any = None
-    completion: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    started: float = 0.0
-
-
-@dataclass
-class _Running:
-    """The batch being decoded: one row per request, its KV cache and next-token logits."""
-
-    rows: list[_Request]
-    cache: Any
-    mask: Any
-    last: Any
-    logits: Any
 
 
 class BatchingPolicy(HFPolicy):
@@ -95,7 +79,7 @@ class BatchingPolicy(HFPolicy):
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self.batch_sizes: list[int] = []
-        """Rows in each forward pass over the running batch (for benchmarks and tests)."""
+        """Sizes of the batches decoded so far (for benchmarks and tests)."""
 
     def generate(
         self, messages: Messages, sampling: Sampling, *, streamer: Any = None
@@ -118,165 +102,101 @@ class BatchingPolicy(HFPolicy):
                 self._worker.start()
 
     def _serve(self) -> None:
-        running: _Running | None = None
         while True:
-            arrived = self._arrivals(running)
-            try:
-                if arrived:
-                    running = self._admit(running, arrived)
-                if running is not None:
-                    running = self._step(running)
-            except Exception as exc:  # a step that fails for every row fails them all
-                for request in (running.rows if running else []) + arrived:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
-                running = None
-
-    def _arrivals(self, running: _Running | None) -> list[_Request]:
-        """Take the requests that join: wait for the first when idle, else only what's queued."""
-        room = self.max_batch_size - (len(running.rows) if running else 0)
-        arrived: list[_Request] = []
-        if running is None:
-            arrived.append(self._queue.get())
+            batch = [self._queue.get()]
             deadline = time.perf_counter() + self.max_wait_s
-            while len(arrived) < room:
+            while len(batch) < self.max_batch_size:
                 try:
-                    wait = max(0.0, deadline - time.perf_counter())
-                    arrived.append(self._queue.get(timeout=wait))
+                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.perf_counter())))
                 except queue.Empty:
                     break
-            return arrived
-        while len(arrived) < room:
-            try:
-                arrived.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return arrived
+            self._run(batch)
+
+    def _run(self, batch: list[_Request]) -> None:
+        start = time.perf_counter()
+        try:
+            results = self.decode([r.prompt_ids for r in batch], [r.sampling for r in batch])
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].future.set_exception(exc)
+                return
+            for request in batch:  # find the culprit: only it fails
+                self._run([request])
+            return
+        self.batch_sizes.append(len(batch))
+        seconds = time.perf_counter() - start
+        for request, (completion, logprobs) in zip(batch, results, strict=True):
+            request.future.set_result(
+                Generation(
+                    text=self.tokenizer.decode(completion, skip_special_tokens=True),
+                    prompt_ids=request.prompt_ids,
+                    completion_ids=completion,
+                    logprobs=logprobs,
+                    policy_version=self.version,
+                    sampling=request.sampling.as_dict(),
+                    seconds=seconds,
+                    notes=request.notes,
+                )
+            )
 
     def decode(
         self, prompts: list[list[int]], samplings: list[Sampling]
     ) -> list[tuple[list[int], list[float]]]:
-        """Decode several prompts together; return each one's completion ids and logprobs.
-
-        Raises the first failed request's error.
-        """
-        requests = [_Request(p, s) for p, s in zip(prompts, samplings, strict=True)]
-        running = self._admit(None, requests)
-        while running is not None:
-            running = self._step(running)
-        results = [r.future.result() for r in requests]
-        return [(g.completion_ids or [], g.logprobs or []) for g in results]
-
-    def _admit(self, running: _Running | None, arrived: list[_Request]) -> _Running | None:
-        """Read the arrived prompts (a group per shared prefix) and stack them onto the batch.
-
-        A request whose prompt or sampler is bad fails alone; a group whose reading fails is
-        read again one request at a time, so only the culprit fails.
-        """
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        ready = []
-        for request in arrived:
-            try:
-                prompt, budget = request.prompt_ids, request.sampling.max_new_tokens
-                if not prompt:
-                    raise ValueError("empty prompt: the chat template produced no tokens")
-                if limit is not None and len(prompt) + budget > limit:
-                    raise ValueError(
-                        f"prompt of {len(prompt)} tokens + {budget} new tokens exceeds the "
-                        f"model's {limit} positions; shorten the prompt or the budget"
-                    )
-                request.generator = _generator(request.sampling.seed, self.model.device)
-            except Exception as exc:
-                request.future.set_exception(exc)
-                continue
-            request.started = time.perf_counter()
-            if budget <= 0:
-                self._finish(request)
-            else:
-                ready.append(request)
-        if not ready:
-            return running
-        groups = prefix_groups([r.prompt_ids for r in ready], self.min_shared_prefix)
-        reads = [read for group in groups for read in self._read([ready[i] for i in group])]
-        rows = [request for members, _ in reads for request in members]
-        parts = [part for _, part in reads]
-        if running is not None:
-            parts.insert(0, (running.cache, running.mask, running.last, running.logits))
-            rows = running.rows + rows
-        if not parts:
-            return running
-        cache, mask, last, logits = _stack(parts) if len(parts) > 1 else parts[0]
-        self.batch_sizes.append(len(rows))
-        return _Running(rows, cache, mask, last, logits)
-
-    def _read(self, members: list[_Request]) -> list[tuple[list[_Request], Any]]:
-        """Prefill a group; if that fails, each member alone, so only the culprit fails."""
+        """Decode several prompts together; return each one's completion ids and logprobs."""
         import torch
 
-        try:
-            with self._lock, torch.no_grad():
-                return [(members, self._prefill([r.prompt_ids for r in members]))]
-        except Exception as exc:
-            if len(members) == 1:
-                members[0].future.set_exception(exc)
-                return []
-            return [read for request in members for read in self._read([request])]
-
-    def _step(self, running: _Running) -> _Running | None:
-        """Pick every row's next token, return the finished requests, decode one step."""
-        import torch
-
-        rows = running.rows
-        picked = _pick_rows(
-            running.logits.float(), [r.sampling for r in rows], [r.generator for r in rows]
-        )
-        stops = self._stops()
-        keep = []
-        for j, (request, (token, logprob)) in enumerate(zip(rows, picked, strict=True)):
-            request.completion.append(token)
-            request.logprobs.append(logprob)
-            if token in stops or len(request.completion) >= request.sampling.max_new_tokens:
-                self._finish(request)
-            else:
-                keep.append(j)
-        if not keep:
-            return None
-        chosen = torch.tensor([token for token, _ in picked], device=self.model.device)
-        cache, mask, last = running.cache, running.mask, running.last
-        if len(keep) < len(rows):  # finished rows leave the batch: no work on them
-            cache, mask, last, chosen = _keep(keep, cache, mask, last, chosen)
-            cache, mask = _trim_left(cache, mask)
-            rows = [rows[j] for j in keep]
-        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
-        last = last + 1
-        self.batch_sizes.append(len(rows))
+        model = self.model
+        limit = getattr(model.config, "max_position_embeddings", None)
+        for prompt, sampling in zip(prompts, samplings, strict=True):
+            if not prompt:
+                raise ValueError("empty prompt: the chat template produced no tokens")
+            if limit is not None and len(prompt) + sampling.max_new_tokens > limit:
+                raise ValueError(
+                    f"prompt of {len(prompt)} tokens + {sampling.max_new_tokens} new tokens "
+                    f"exceeds the model's {limit} positions; shorten the prompt or the budget"
+                )
+        eos = model.generation_config.eos_token_id or self.tokenizer.eos_token_id
+        stops = set(eos if isinstance(eos, list) else [eos])
+        device = model.device
+        generators = [_generator(s.seed, device) for s in samplings]
+        completions: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        done = [s.max_new_tokens <= 0 for s in samplings]
         with self._lock, torch.no_grad():
-            out = self.model(
-                input_ids=chosen.unsqueeze(1),
-                attention_mask=mask,
-                position_ids=last.unsqueeze(1),
-                use_cache=True,
-                cache=cache,
-            )
-        return _Running(rows, out.cache, mask, last, out.logits[:, -1, :])
-
-    def _stops(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
-        return set(eos if isinstance(eos, list) else [eos])
-
-    def _finish(self, request: _Request) -> None:
-        request.future.set_result(
-            Generation(
-                text=self.tokenizer.decode(request.completion, skip_special_tokens=True),
-                prompt_ids=request.prompt_ids,
-                completion_ids=request.completion,
-                logprobs=request.logprobs,
-                policy_version=self.version,
-                sampling=request.sampling.as_dict(),
-                seconds=time.perf_counter() - request.started,
-                notes=request.notes,
-            )
-        )
+            # Prompts of one kind (the planner's, the verifier's, ...) share a long prefix and
+            # similar lengths: each kind is read as its own group, then all decode together.
+            groups = prefix_groups(prompts, self.min_shared_prefix)
+            read = [self._prefill([prompts[i] for i in group]) for group in groups]
+            rows = [i for group in groups for i in group]  # the request of each batch row
+            past, mask, last, logits = _stack(read) if len(read) > 1 else read[0]
+            keep = [j for j, i in enumerate(rows) if not done[i]]
+            if len(keep) < len(rows):
+                past, mask, last, logits = _keep(keep, past, mask, last, logits)
+                rows = [rows[j] for j in keep]
+            while rows:
+                picked = _pick_rows(logits.float(), [samplings[i] for i in rows], generators, rows)
+                for i, (token, logprob) in zip(rows, picked, strict=True):
+                    completions[i].append(token)
+                    logprobs[i].append(logprob)
+                    done[i] = token in stops or len(completions[i]) >= samplings[i].max_new_tokens
+                chosen = torch.tensor([token for token, _ in picked], device=device)
+                keep = [j for j, i in enumerate(rows) if not done[i]]
+                if not keep:
+                    break
+                if len(keep) < len(rows):  # finished rows leave the batch: no work on them
+                    past, mask, last, chosen = _keep(keep, past, mask, last, chosen)
+                    rows = [rows[j] for j in keep]
+                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
+                last = last + 1
+                out = model(
+                    input_ids=chosen.unsqueeze(1),
+                    attention_mask=mask,
+                    position_ids=last.unsqueeze(1),
+                    use_cache=True,
+                    cache=past,
+                )
+                past, logits = out.cache, out.logits[:, -1, :]
+        return list(zip(completions, logprobs, strict=True))
 
     def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any, Any]:
         """Read a group of prompts; return their KV cache, mask, last positions, next logits.
@@ -383,20 +303,8 @@ def _keep(rows: list[int], cache: Any, *tensors: Any) -> tuple[Any, ...]:
     return (cache, *(t[index] for t in tensors))
 
 
-def _trim_left(cache: Any, mask: Any) -> tuple[Any, Any]:
-    """Drop the leading columns that no row attends to any more (left by rows that left)."""
-    used = mask.any(0)
-    start = int(used.int().argmax())
-    if start == 0:
-        return cache, mask
-    for layer in cache.layers:
-        layer.keys = layer.keys[..., start:, :]
-        layer.values = layer.values[..., start:, :]
-    return cache, mask[:, start:]
-
-
 def _pick_rows(
-    logits: Any, samplings: list[Sampling], generators: list[Any]
+    logits: Any, samplings: list[Sampling], generators: list[Any], rows: list[int]
 ) -> list[tuple[int, float]]:
     """Choose one token per row as the single-call policy would, with its logprob.
 
@@ -423,7 +331,7 @@ def _pick_rows(
             probs = probs.scatter(1, order, ordered.masked_fill(outside, 0.0))
         cdf = probs.cumsum(-1)
         draws = torch.cat(
-            [torch.rand(1, generator=generators[j], device=logits.device) for j in sampled]
+            [torch.rand(1, generator=generators[rows[j]], device=logits.device) for j in sampled]
         )
         chosen = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True)
         tokens[index] = chosen.squeeze(1).clamp(max=probs.shape[1] - 1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -177,8 +176,9 @@ def test_sampling_draws_from_the_logged_distribution(
 ) -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0]))
     draws = 4000
-    generators = [batching._generator(seed, torch.device("cpu")) for seed in range(draws)]
-    picked = batching._pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators)
+    rows = list(range(draws))
+    generators = [batching._generator(seed, torch.device("cpu")) for seed in rows]
+    picked = batching._pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators, rows)
     counts = torch.bincount(torch.tensor([t for t, _ in picked]), minlength=5) / draws
     assert counts[:3].tolist() == pytest.approx(expected, abs=0.03)
     assert counts[3:].sum() == 0  # zero-probability tokens are never drawn
@@ -204,46 +204,6 @@ def test_prompts_of_two_kinds_are_read_as_two_groups_and_decoded_together(
     results = together(batched, calls)
     assert max(batched.batch_sizes) == len(calls)  # one decoding loop for both groups
     for (prompt, sampling), got in zip(calls, results, strict=True):
-        alone = single.generate(chat(prompt), sampling)
-        assert got.completion_ids == alone.completion_ids
-        assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
-
-
-def test_requests_join_a_running_batch_and_leave_it_when_done(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    trimmed: list[int] = []
-    real_trim = batching._trim_left
-
-    def trim(cache: Any, mask: Any) -> Any:
-        kept = real_trim(cache, mask)
-        trimmed.append(mask.shape[1] - kept[1].shape[1])
-        return kept
-
-    monkeypatch.setattr(batching, "_trim_left", trim)
-    single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
-    batched = BatchingPolicy(single, max_batch_size=8, max_wait_s=0.0, min_shared_prefix=8)
-    long_call = (PROMPTS[3], Sampling(temperature=0.0, max_new_tokens=300))
-    # longer prompts than the running one: joining left-pads it, leaving lets it be trimmed
-    short_calls = [(SHARED + p, Sampling(temperature=0.0, max_new_tokens=5)) for p in PROMPTS[:2]]
-    finished: dict[str, float] = {}
-
-    def call(name: str, prompt: str, sampling: Sampling) -> Generation:
-        got = batched.generate(chat(prompt), sampling)
-        finished[name] = time.perf_counter()
-        return got
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        running = pool.submit(call, "long", *long_call)
-        while not batched.batch_sizes:  # the long request is being decoded
-            time.sleep(0.001)
-        shorts = [pool.submit(call, f"short{i}", *c) for i, c in enumerate(short_calls)]
-        results = [running.result(), *(s.result() for s in shorts)]
-    assert max(batched.batch_sizes) == 3  # the short ones joined the long one's batch
-    assert max(trimmed) > 0  # their padding columns went with them
-    assert len(results[0].completion_ids) > 5
-    assert max(finished["short0"], finished["short1"]) < finished["long"]  # returned at once
-    for (prompt, sampling), got in zip([long_call, *short_calls], results, strict=True):
         alone = single.generate(chat(prompt), sampling)
         assert got.completion_ids == alone.completion_ids
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
