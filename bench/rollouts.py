@@ -87,7 +87,7 @@ def main() -> None:
         "batched_trajectories_per_second": len(batched) / batched_seconds,
         "sequential_trajectories_per_second": len(sequential) / sequential_seconds,
         "speedup": sequential_seconds / batched_seconds,
-        "mean_batch_size": sum(batched_policy.batch_sizes) / len(batched_policy.batch_sizes),
+        "mean_rows_per_forward": sum(batched_policy.batch_sizes) / len(batched_policy.batch_sizes),
         "planner_tokens_per_trajectory": sum(tokens) / len(tokens),
     }
     print(json.dumps(result, indent=2))

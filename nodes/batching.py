@@ -1,26 +1,57 @@
 """Dynamic batching: concurrent policy calls from many in-flight flows share one forward pass.
 
 RL on agent flows spends most of its time generating. With G rollouts of Q questions in flight
-(threads or asyncio), `BatchingPolicy` queues each `generate` call, waits at most `max_wait_s`
-for others, and decodes up to `max_batch_size` of them together: prompts left-padded, one
-KV-cached decoding loop, and for every request its own temperature, top-p, seed, token budget
-and stop at EOS. Each request gets back exactly what a single call logs: its prompt ids, the
-ids it sampled and `log_softmax(logits / temperature)` of each (temperature 1 for greedy).
-A request that fails (say, a bad token id) fails alone: a batch that
-raises is retried one request at a time.
+(threads or asyncio), `BatchingPolicy` queues each `generate` call and decodes up to
+`max_batch_size` of them together in one KV-cached loop, each with its own temperature, top-p,
+seed, token budget and stop at EOS. The loop is continuous: a request that finishes leaves the
+batch and returns at once, and requests that arrive meanwhile join it at the next step (read
+as groups of prompts that share a prefix, then stacked onto the running cache, left-padded).
+Each request gets back exactly what a single call logs: its prompt ids, the ids it sampled
+and `log_softmax(logits / temperature)` of each (temperature 1 for greedy). A request that
+fails (a bad prompt, a sampler that raises) fails alone.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Generation, Messages, Sampling
+from flowlearn.nodes.prefix_cache import PrefixCache
+
+IDLE_EXIT_S = 5.0
+"""A batching worker with nothing to decode for this long ends; the next call starts one."""
+
+_SERVING: weakref.WeakSet[BatchingPolicy] = weakref.WeakSet()
+
+
+class _Stop(Exception):
+    """The interpreter is exiting: the worker ends now."""
+
+
+@atexit.register
+def _stop_workers() -> None:
+    """End every batching worker before the interpreter finalizes.
+
+    A daemon thread that wakes from its timed wait while the interpreter is being torn down is
+    killed inside native code, which aborts the process ("terminate called without an active
+    exception") and turns a clean exit into a crash.
+    """
+    workers = []
+    for policy in list(_SERVING):
+        worker = policy._worker
+        if worker is not None and worker.is_alive():
+            policy._queue.put(None)
+            workers.append(worker)
+    for worker in workers:
+        worker.join(timeout=2.0)
 
 
 @dataclass
@@ -29,6 +60,21 @@ class _Request:
     sampling: Sampling
     notes: list[str] = field(default_factory=list)
     future: Future[Generation] = field(default_factory=Future)
+    generator: Any = None
+    completion: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    started: float = 0.0
+
+
+@dataclass
+class _Running:
+    """The batch being decoded: one row per request, its KV cache and next-token logits."""
+
+    rows: list[_Request]
+    cache: Any
+    mask: Any
+    last: Any
+    logits: Any
 
 
 class BatchingPolicy(HFPolicy):
@@ -46,6 +92,7 @@ class BatchingPolicy(HFPolicy):
         max_batch_size: int = 16,
         max_wait_s: float = 0.05,
         min_shared_prefix: int = 32,
+        prefix_cache_size: int = 8,
     ) -> None:
         """Wrap `policy` (its model, tokenizer, version and lock are shared).
 
@@ -56,9 +103,11 @@ class BatchingPolicy(HFPolicy):
             min_shared_prefix: when the batch's prompts share at least this many leading
                 tokens (the system prompt, the planner's instructions and tool catalogue),
                 that prefix is read once and its KV cache shared by every row.
+            prefix_cache_size: how many recently read prefixes keep their KV cache for later
+                batches (`PrefixCache`; dropped when the weights change); 0 turns this off.
 
         Raises:
-            ValueError: a batch size below 1 or a negative wait.
+            ValueError: a batch size below 1, a negative wait or cache size.
 
         """
         if max_batch_size < 1:
@@ -75,11 +124,12 @@ class BatchingPolicy(HFPolicy):
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.min_shared_prefix = min_shared_prefix
-        self._queue: queue.Queue[_Request] = queue.Queue()
+        self.prefixes = PrefixCache(prefix_cache_size)
+        self._queue: queue.Queue[_Request | None] = queue.Queue()  # None: stop
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self.batch_sizes: list[int] = []
-        """Sizes of the batches decoded so far (for benchmarks and tests)."""
+        """Rows in each forward pass over the running batch (for benchmarks and tests)."""
 
     def generate(
         self, messages: Messages, sampling: Sampling, *, streamer: Any = None
@@ -89,8 +139,8 @@ class BatchingPolicy(HFPolicy):
             return self.policy.generate(messages, sampling, streamer=streamer)
         prompt_ids, notes = self.fit_prompt(self.encode_chat(messages), sampling.max_new_tokens)
         request = _Request(prompt_ids, sampling, notes)
-        self._ensure_worker()
         self._queue.put(request)
+        self._ensure_worker()
         return request.future.result()
 
     def _ensure_worker(self) -> None:
@@ -100,115 +150,206 @@ class BatchingPolicy(HFPolicy):
                     target=self._serve, name="flowlearn-batching", daemon=True
                 )
                 self._worker.start()
+                _SERVING.add(self)
 
     def _serve(self) -> None:
+        """Decode until idle for `IDLE_EXIT_S`, then end (the next call starts a new worker)."""
+        running: _Running | None = None
         while True:
-            batch = [self._queue.get()]
+            try:
+                arrived = self._arrivals(running)
+            except queue.Empty:
+                with self._start_lock:  # a call queued before this check keeps the worker
+                    if self._queue.empty():
+                        self._worker = None
+                        return
+                continue
+            except _Stop:
+                for request in running.rows if running else []:
+                    request.future.set_exception(RuntimeError("the interpreter is exiting"))
+                return
+            try:
+                if arrived:
+                    running = self._admit(running, arrived)
+                if running is not None:
+                    running = self._step(running)
+            except Exception as exc:  # a step that fails for every row fails them all
+                for request in (running.rows if running else []) + arrived:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                running = None
+
+    def _arrivals(self, running: _Running | None) -> list[_Request]:
+        """Take the requests that join: wait for the first when idle, else only what's queued.
+
+        Raises:
+            queue.Empty: idle, and nothing came for `IDLE_EXIT_S`.
+            _Stop: the interpreter is exiting.
+
+        """
+        room = self.max_batch_size - (len(running.rows) if running else 0)
+        arrived: list[_Request] = []
+
+        def take(item: _Request | None) -> None:
+            if item is None:
+                for request in arrived:
+                    request.future.set_exception(RuntimeError("the interpreter is exiting"))
+                raise _Stop
+            arrived.append(item)
+
+        if running is None:
+            take(self._queue.get(timeout=IDLE_EXIT_S))
             deadline = time.perf_counter() + self.max_wait_s
-            while len(batch) < self.max_batch_size:
+            while len(arrived) < room:
                 try:
-                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.perf_counter())))
+                    take(self._queue.get(timeout=max(0.0, deadline - time.perf_counter())))
                 except queue.Empty:
                     break
-            self._run(batch)
-
-    def _run(self, batch: list[_Request]) -> None:
-        start = time.perf_counter()
-        try:
-            results = self.decode([r.prompt_ids for r in batch], [r.sampling for r in batch])
-        except Exception as exc:
-            if len(batch) == 1:
-                batch[0].future.set_exception(exc)
-                return
-            for request in batch:  # find the culprit: only it fails
-                self._run([request])
-            return
-        self.batch_sizes.append(len(batch))
-        seconds = time.perf_counter() - start
-        for request, (completion, logprobs) in zip(batch, results, strict=True):
-            request.future.set_result(
-                Generation(
-                    text=self.tokenizer.decode(completion, skip_special_tokens=True),
-                    prompt_ids=request.prompt_ids,
-                    completion_ids=completion,
-                    logprobs=logprobs,
-                    policy_version=self.version,
-                    sampling=request.sampling.as_dict(),
-                    seconds=seconds,
-                    notes=request.notes,
-                )
-            )
+            return arrived
+        while len(arrived) < room:
+            try:
+                take(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return arrived
 
     def decode(
         self, prompts: list[list[int]], samplings: list[Sampling]
     ) -> list[tuple[list[int], list[float]]]:
-        """Decode several prompts together; return each one's completion ids and logprobs."""
+        """Decode several prompts together; return each one's completion ids and logprobs.
+
+        Raises the first failed request's error.
+        """
+        requests = [_Request(p, s) for p, s in zip(prompts, samplings, strict=True)]
+        running = self._admit(None, requests)
+        while running is not None:
+            running = self._step(running)
+        results = [r.future.result() for r in requests]
+        return [(g.completion_ids or [], g.logprobs or []) for g in results]
+
+    def _admit(self, running: _Running | None, arrived: list[_Request]) -> _Running | None:
+        """Read the arrived prompts (a group per shared prefix) and stack them onto the batch.
+
+        A request whose prompt or sampler is bad fails alone; a group whose reading fails is
+        read again one request at a time, so only the culprit fails.
+        """
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        ready = []
+        for request in arrived:
+            try:
+                prompt, budget = request.prompt_ids, request.sampling.max_new_tokens
+                if not prompt:
+                    raise ValueError("empty prompt: the chat template produced no tokens")
+                if limit is not None and len(prompt) + budget > limit:
+                    raise ValueError(
+                        f"prompt of {len(prompt)} tokens + {budget} new tokens exceeds the "
+                        f"model's {limit} positions; shorten the prompt or the budget"
+                    )
+                request.generator = _generator(request.sampling.seed, self.model.device)
+            except Exception as exc:
+                request.future.set_exception(exc)
+                continue
+            request.started = time.perf_counter()
+            if budget <= 0:
+                self._finish(request)
+            else:
+                ready.append(request)
+        if not ready:
+            return running
+        groups = prefix_groups([r.prompt_ids for r in ready], self.min_shared_prefix)
+        reads = [read for group in groups for read in self._read([ready[i] for i in group])]
+        rows = [request for members, _ in reads for request in members]
+        parts = [part for _, part in reads]
+        if running is not None:
+            parts.insert(0, (running.cache, running.mask, running.last, running.logits))
+            rows = running.rows + rows
+        if not parts:
+            return running
+        cache, mask, last, logits = _stack(parts) if len(parts) > 1 else parts[0]
+        self.batch_sizes.append(len(rows))
+        return _Running(rows, cache, mask, last, logits)
+
+    def _read(self, members: list[_Request]) -> list[tuple[list[_Request], Any]]:
+        """Prefill a group; if that fails, each member alone, so only the culprit fails."""
         import torch
 
-        model = self.model
-        limit = getattr(model.config, "max_position_embeddings", None)
-        for prompt, sampling in zip(prompts, samplings, strict=True):
-            if not prompt:
-                raise ValueError("empty prompt: the chat template produced no tokens")
-            if limit is not None and len(prompt) + sampling.max_new_tokens > limit:
-                raise ValueError(
-                    f"prompt of {len(prompt)} tokens + {sampling.max_new_tokens} new tokens "
-                    f"exceeds the model's {limit} positions; shorten the prompt or the budget"
-                )
-        eos = model.generation_config.eos_token_id or self.tokenizer.eos_token_id
-        stops = set(eos if isinstance(eos, list) else [eos])
-        device = model.device
-        generators = [_generator(s.seed, device) for s in samplings]
-        completions: list[list[int]] = [[] for _ in prompts]
-        logprobs: list[list[float]] = [[] for _ in prompts]
-        done = [s.max_new_tokens <= 0 for s in samplings]
+        try:
+            with self._lock, torch.no_grad():
+                return [(members, self._prefill([r.prompt_ids for r in members]))]
+        except Exception as exc:
+            if len(members) == 1:
+                members[0].future.set_exception(exc)
+                return []
+            return [read for request in members for read in self._read([request])]
+
+    def _step(self, running: _Running) -> _Running | None:
+        """Pick every row's next token, return the finished requests, decode one step."""
+        import torch
+
+        rows = running.rows
+        picked = _pick_rows(
+            running.logits.float(), [r.sampling for r in rows], [r.generator for r in rows]
+        )
+        stops = self._stops()
+        keep = []
+        for j, (request, (token, logprob)) in enumerate(zip(rows, picked, strict=True)):
+            request.completion.append(token)
+            request.logprobs.append(logprob)
+            if token in stops or len(request.completion) >= request.sampling.max_new_tokens:
+                self._finish(request)
+            else:
+                keep.append(j)
+        if not keep:
+            return None
+        chosen = torch.tensor([token for token, _ in picked], device=self.model.device)
+        cache, mask, last = running.cache, running.mask, running.last
+        if len(keep) < len(rows):  # finished rows leave the batch: no work on them
+            cache, mask, last, chosen = _keep(keep, cache, mask, last, chosen)
+            cache, mask = _trim_left(cache, mask)
+            rows = [rows[j] for j in keep]
+        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
+        last = last + 1
+        self.batch_sizes.append(len(rows))
         with self._lock, torch.no_grad():
-            # Prompts of one kind (the planner's, the verifier's, ...) share a long prefix and
-            # similar lengths: each kind is read as its own group, then all decode together.
-            groups = prefix_groups(prompts, self.min_shared_prefix)
-            read = [self._prefill([prompts[i] for i in group]) for group in groups]
-            rows = [i for group in groups for i in group]  # the request of each batch row
-            past, mask, last, logits = _stack(read) if len(read) > 1 else read[0]
-            keep = [j for j, i in enumerate(rows) if not done[i]]
-            if len(keep) < len(rows):
-                past, mask, last, logits = _keep(keep, past, mask, last, logits)
-                rows = [rows[j] for j in keep]
-            while rows:
-                picked = _pick_rows(logits.float(), [samplings[i] for i in rows], generators, rows)
-                for i, (token, logprob) in zip(rows, picked, strict=True):
-                    completions[i].append(token)
-                    logprobs[i].append(logprob)
-                    done[i] = token in stops or len(completions[i]) >= samplings[i].max_new_tokens
-                chosen = torch.tensor([token for token, _ in picked], device=device)
-                keep = [j for j, i in enumerate(rows) if not done[i]]
-                if not keep:
-                    break
-                if len(keep) < len(rows):  # finished rows leave the batch: no work on them
-                    past, mask, last, chosen = _keep(keep, past, mask, last, chosen)
-                    rows = [rows[j] for j in keep]
-                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
-                last = last + 1
-                out = model(
-                    input_ids=chosen.unsqueeze(1),
-                    attention_mask=mask,
-                    position_ids=last.unsqueeze(1),
-                    use_cache=True,
-                    cache=past,
-                )
-                past, logits = out.cache, out.logits[:, -1, :]
-        return list(zip(completions, logprobs, strict=True))
+            out = self.model(
+                input_ids=chosen.unsqueeze(1),
+                attention_mask=mask,
+                position_ids=last.unsqueeze(1),
+                use_cache=True,
+                cache=cache,
+            )
+        return _Running(rows, out.cache, mask, last, out.logits[:, -1, :])
+
+    def _stops(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
+        return set(eos if isinstance(eos, list) else [eos])
+
+    def _finish(self, request: _Request) -> None:
+        request.future.set_result(
+            Generation(
+                text=self.tokenizer.decode(request.completion, skip_special_tokens=True),
+                prompt_ids=request.prompt_ids,
+                completion_ids=request.completion,
+                logprobs=request.logprobs,
+                policy_version=self.version,
+                sampling=request.sampling.as_dict(),
+                seconds=time.perf_counter() - request.started,
+                notes=request.notes,
+            )
+        )
 
     def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any, Any]:
         """Read a group of prompts; return their KV cache, mask, last positions, next logits.
 
         Layout: [shared prefix][left padding][each prompt's own tail]. A prefix of at least
-        `min_shared_prefix` tokens is read once and its cache repeated for every row; positions
-        follow the mask, so each token sits where it would in a single call.
+        `min_shared_prefix` tokens is read once (or its start taken from the prefix cache) and
+        its KV repeated for every row; positions follow the mask, so each token sits where it
+        would in a single call.
         """
         import torch
 
         model, device, n = self.model, self.model.device, len(prompts)
-        shared = shared_prefix_length(prompts) if n > 1 else 0
+        shared = shared_prefix_length(prompts) if n > 1 or self.prefixes.size else 0
         if shared < self.min_shared_prefix:
             shared = 0
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -224,8 +365,7 @@ class BatchingPolicy(HFPolicy):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         prefix: dict[str, Any] = {}
         if shared:
-            head = torch.tensor([prompts[0][:shared]], device=device)
-            cache = model(input_ids=head, use_cache=True, logits_to_keep=1).cache
+            cache = self._read_prefix(prompts[0][:shared])
             cache.batch_repeat_interleave(n)
             prefix = {"cache": cache}
         out = model(
@@ -237,6 +377,24 @@ class BatchingPolicy(HFPolicy):
             **prefix,
         )
         return out.cache, mask, positions[:, -1], out.logits[:, -1, :]
+
+    def _read_prefix(self, tokens: list[int]) -> Any:
+        """Return a KV cache of `tokens` (batch of one), reading only what the cache lacks."""
+        import torch
+
+        reused, cache = self.prefixes.lookup(tokens, self.model, self.min_shared_prefix)
+        if reused == len(tokens):
+            return cache
+        device = self.model.device
+        out = self.model(
+            input_ids=torch.tensor([tokens[reused:]], device=device),
+            position_ids=torch.arange(reused, len(tokens), device=device).unsqueeze(0),
+            use_cache=True,
+            logits_to_keep=1,
+            **({"cache": cache} if cache is not None else {}),
+        )
+        self.prefixes.store(tokens, out.cache)
+        return out.cache
 
 
 def prefix_groups(prompts: list[list[int]], min_shared_prefix: int) -> list[list[int]]:
@@ -303,8 +461,20 @@ def _keep(rows: list[int], cache: Any, *tensors: Any) -> tuple[Any, ...]:
     return (cache, *(t[index] for t in tensors))
 
 
+def _trim_left(cache: Any, mask: Any) -> tuple[Any, Any]:
+    """Drop the leading columns that no row attends to any more (left by rows that left)."""
+    used = mask.any(0)
+    start = int(used.int().argmax())
+    if start == 0:
+        return cache, mask
+    for layer in cache.layers:
+        layer.keys = layer.keys[..., start:, :]
+        layer.values = layer.values[..., start:, :]
+    return cache, mask[:, start:]
+
+
 def _pick_rows(
-    logits: Any, samplings: list[Sampling], generators: list[Any], rows: list[int]
+    logits: Any, samplings: list[Sampling], generators: list[Any]
 ) -> list[tuple[int, float]]:
     """Choose one token per row as the single-call policy would, with its logprob.
 
@@ -331,7 +501,7 @@ def _pick_rows(
             probs = probs.scatter(1, order, ordered.masked_fill(outside, 0.0))
         cdf = probs.cumsum(-1)
         draws = torch.cat(
-            [torch.rand(1, generator=generators[rows[j]], device=logits.device) for j in sampled]
+            [torch.rand(1, generator=generators[j], device=logits.device) for j in sampled]
         )
         chosen = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True)
         tokens[index] = chosen.squeeze(1).clamp(max=probs.shape[1] - 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from flowlearn.nodes import batching
 from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Generation, Sampling
+from flowlearn.nodes.prefix_cache import common_length
 
 PROMPTS = ["What is 17 * 23?", "Capital of France?", "Tool Name: python", "Hi"]
 
@@ -176,9 +178,8 @@ def test_sampling_draws_from_the_logged_distribution(
 ) -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0]))
     draws = 4000
-    rows = list(range(draws))
-    generators = [batching._generator(seed, torch.device("cpu")) for seed in rows]
-    picked = batching._pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators, rows)
+    generators = [batching._generator(seed, torch.device("cpu")) for seed in range(draws)]
+    picked = batching._pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators)
     counts = torch.bincount(torch.tensor([t for t, _ in picked]), minlength=5) / draws
     assert counts[:3].tolist() == pytest.approx(expected, abs=0.03)
     assert counts[3:].sum() == 0  # zero-probability tokens are never drawn
@@ -207,3 +208,105 @@ def test_prompts_of_two_kinds_are_read_as_two_groups_and_decoded_together(
         alone = single.generate(chat(prompt), sampling)
         assert got.completion_ids == alone.completion_ids
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_requests_join_a_running_batch_and_leave_it_when_done(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trimmed: list[int] = []
+    real_trim = batching._trim_left
+
+    def trim(cache: Any, mask: Any) -> Any:
+        kept = real_trim(cache, mask)
+        trimmed.append(mask.shape[1] - kept[1].shape[1])
+        return kept
+
+    monkeypatch.setattr(batching, "_trim_left", trim)
+    single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
+    batched = BatchingPolicy(single, max_batch_size=8, max_wait_s=0.0, min_shared_prefix=8)
+    long_call = (PROMPTS[3], Sampling(temperature=0.0, max_new_tokens=300))
+    # longer prompts than the running one: joining left-pads it, leaving lets it be trimmed
+    short_calls = [(SHARED + p, Sampling(temperature=0.0, max_new_tokens=5)) for p in PROMPTS[:2]]
+    finished: dict[str, float] = {}
+
+    def call(name: str, prompt: str, sampling: Sampling) -> Generation:
+        got = batched.generate(chat(prompt), sampling)
+        finished[name] = time.perf_counter()
+        return got
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        running = pool.submit(call, "long", *long_call)
+        while not batched.batch_sizes:  # the long request is being decoded
+            time.sleep(0.001)
+        shorts = [pool.submit(call, f"short{i}", *c) for i, c in enumerate(short_calls)]
+        results = [running.result(), *(s.result() for s in shorts)]
+    assert max(batched.batch_sizes) == 3  # the short ones joined the long one's batch
+    assert max(trimmed) > 0  # their padding columns went with them
+    assert len(results[0].completion_ids) > 5
+    assert max(finished["short0"], finished["short1"]) < finished["long"]  # returned at once
+    for (prompt, sampling), got in zip([long_call, *short_calls], results, strict=True):
+        alone = single.generate(chat(prompt), sampling)
+        assert got.completion_ids == alone.completion_ids
+        assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_an_idle_worker_ends_and_the_next_call_starts_one(
+    policies: tuple[HFPolicy, BatchingPolicy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training makes a batching policy per step: idle workers must not pile up."""
+    single, batched = policies
+    monkeypatch.setattr(batching, "IDLE_EXIT_S", 0.05)
+    greedy = Sampling(temperature=0.0, max_new_tokens=4)
+    first = batched.generate(chat(PROMPTS[0]), greedy)
+    worker = batched._worker
+    assert worker is not None
+    worker.join(timeout=5)
+    assert not worker.is_alive() and batched._worker is None
+    again = batched.generate(chat(PROMPTS[0]), greedy)
+    assert again.completion_ids == first.completion_ids
+    assert again.completion_ids == single.generate(chat(PROMPTS[0]), greedy).completion_ids
+
+
+def test_later_batches_reuse_cached_prefixes_until_the_weights_change(
+    tiny_model_dir: Path,
+) -> None:
+    single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
+    batched = BatchingPolicy(single, max_wait_s=0.0, min_shared_prefix=8, prefix_cache_size=2)
+    greedy = Sampling(temperature=0.0, max_new_tokens=8)
+
+    def check(prompt: str) -> None:
+        got = batched.generate(chat(SHARED + prompt), greedy)
+        alone = single.generate(chat(SHARED + prompt), greedy)
+        assert got.completion_ids == alone.completion_ids
+        assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+    check(PROMPTS[0])
+    assert batched.prefixes.reused_tokens == 0  # nothing cached yet
+    check(PROMPTS[1])  # a later batch: the shared template comes from the cache
+    first, second = (batched.encode_chat(chat(SHARED + p)) for p in PROMPTS[:2])
+    assert batched.prefixes.reused_tokens == common_length(first, second) > len(first) // 2
+    reused = batched.prefixes.reused_tokens
+    with torch.no_grad():  # an optimizer-like in-place update: cached keys are now stale
+        for parameter in single.model.parameters():
+            parameter.mul_(1.5)
+    check(PROMPTS[2])
+    assert batched.prefixes.reused_tokens == reused  # dropped, not reused
+    check(PROMPTS[3])
+    assert batched.prefixes.reused_tokens > reused  # cached again under the new weights
+    assert len(batched.prefixes.entries) == 2  # the least recently used was evicted
+    with pytest.raises(ValueError, match="prefix_cache_size"):
+        BatchingPolicy(single, prefix_cache_size=-1)
+
+
+def test_workers_are_stopped_before_the_interpreter_exits(
+    policies: tuple[HFPolicy, BatchingPolicy],
+) -> None:
+    """A daemon worker waking during finalization would abort the process (exit code 134)."""
+    single, batched = policies
+    greedy = Sampling(temperature=0.0, max_new_tokens=4)
+    first = batched.generate(chat(PROMPTS[0]), greedy)
+    worker = batched._worker
+    assert worker is not None and worker.is_alive()  # idle, waiting up to IDLE_EXIT_S
+    batching._stop_workers()  # what atexit runs
+    assert not worker.is_alive()
+    assert batched.generate(chat(PROMPTS[0]), greedy).completion_ids == first.completion_ids
