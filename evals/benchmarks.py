@@ -64,6 +64,10 @@ def load_benchmark(
 ) -> list[Case]:
     """Load a registered benchmark from `path`, its shipped file, or its hub id.
 
+    GAIA and GPQA (gated, not shipped) are read from `path`, else from `NAME.jsonl` (or .json,
+    .parquet) in the benchmarks folder when the user saved a copy there, else from the hub;
+    their records keep the hub's fields and go through `flowlearn.evals.hub`'s adapters.
+
     Raises:
         KeyError: an unknown name, listing the known ones.
 
@@ -71,6 +75,17 @@ def load_benchmark(
     if name not in BENCHMARKS:
         raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(sorted(BENCHMARKS))}")
     bench = BENCHMARKS[name]
+    if bench.hub_id is not None:  # gated: a local copy of its records, else the hub
+        from flowlearn.evals.cases import read_records
+        from flowlearn.evals.hub import adapt_records, load_hub_benchmark
+
+        copies = [
+            benchmarks_dir() / f"{name}{suffix}" for suffix in (".jsonl", ".json", ".parquet")
+        ]
+        local = Path(path) if path is not None else next((c for c in copies if c.is_file()), None)
+        if local is None:
+            return load_hub_benchmark(bench.hub_id, limit=limit)
+        return adapt_records(bench.hub_id, read_records(local), limit=limit)
     if path is not None:
         source: str | Path = path
     elif bench.file is not None:
@@ -81,7 +96,7 @@ def load_benchmark(
                 "or pass a path"
             )
     else:
-        source = bench.hub_id or name
+        raise FileNotFoundError(f"{name} has neither a file nor a hub id")
     return load_cases(source, limit=limit)
 
 

@@ -302,7 +302,7 @@ def test_workers_are_stopped_before_the_interpreter_exits(
     policies: tuple[HFPolicy, BatchingPolicy],
 ) -> None:
     """A daemon worker waking during finalization would abort the process (exit code 134)."""
-    single, batched = policies
+    _single, batched = policies
     greedy = Sampling(temperature=0.0, max_new_tokens=4)
     first = batched.generate(chat(PROMPTS[0]), greedy)
     worker = batched._worker

@@ -204,3 +204,80 @@ def test_eval_cli_bad_input(
 ) -> None:
     assert main(["eval", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+GAIA_RECORDS = [
+    {
+        "task_id": "t1",
+        "Question": "How many moons has Mars?",
+        "Level": "1",
+        "Final answer": "2",
+        "file_name": "",
+    },
+    {
+        "task_id": "t2",
+        "Question": "Sum the column in the attached sheet.",
+        "Level": "2",
+        "Final answer": "17",
+        "file_name": "sheet.xlsx",
+    },
+]
+GPQA_RECORDS = [
+    {
+        "Record ID": f"rec{i}",
+        "Question": f"Which particle is {i}?",
+        "Correct Answer": "muon",
+        "Incorrect Answer 1": "pion",
+        "Incorrect Answer 2": "kaon",
+        "Incorrect Answer 3": "tau",
+        "High-level domain": "Physics",
+    }
+    for i in range(8)
+]
+
+
+def test_gated_benchmarks_load_from_the_hub_through_their_adapters(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import datasets
+
+    asked: list[tuple[str, str, str]] = []
+
+    def load_dataset(name: str, config: str, *, split: str) -> list[dict[str, str]]:
+        asked.append((name, config, split))
+        return {"gaia-benchmark/GAIA": GAIA_RECORDS, "Idavidrein/gpqa": GPQA_RECORDS}[name]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    gaia = load_benchmark("gaia")
+    assert asked[-1] == ("gaia-benchmark/GAIA", "2023_all", "validation")
+    assert [(c.id, c.reference) for c in gaia] == [("t1", "2")]  # the file task is left out
+    assert gaia[0].query.count(ANSWER_INSTRUCTION) == 1
+    assert score_case("exact_match", "2", gaia[0]).value == 1.0
+    gpqa = load_benchmark("gpqa")
+    assert asked[-1] == ("Idavidrein/gpqa", "gpqa_diamond", "train")
+    assert len({c.reference for c in gpqa}) > 1  # shuffled: the answer is not always A
+    assert gpqa == load_benchmark("gpqa")  # and the same order every time
+    for case in gpqa:
+        letter = case.reference
+        assert f"{letter}. muon" in case.query and f"{letter}. muon" in case.metadata["options"]
+        assert score_case("multiple_choice", letter, case).value == 1.0
+        assert score_case("multiple_choice", "muon", case).value == 1.0
+        assert score_case("multiple_choice", "kaon", case).value == 0.0
+    local = tmp_path / "gpqa_diamond.jsonl"  # a local copy with the hub's fields
+    local.write_text("\n".join(json.dumps(r) for r in GPQA_RECORDS))
+    assert load_benchmark("gpqa", path=local, limit=3) == gpqa[:3]
+    (tmp_path / "gpqa.jsonl").write_text(local.read_text())  # a saved copy, found by name
+    monkeypatch.setenv("FLOWLEARN_BENCHMARKS", str(tmp_path))
+    monkeypatch.setattr(datasets, "load_dataset", None)  # not asked
+    assert load_benchmark("gpqa") == gpqa
+    monkeypatch.delenv("FLOWLEARN_BENCHMARKS")
+    local.write_text(json.dumps({"Question": "q"}))
+    with pytest.raises(ValueError, match="lacks the field 'Correct Answer'"):
+        load_benchmark("gpqa", path=local)
+
+    def offline(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(FileNotFoundError, match="gated: accept its terms"):
+        load_benchmark("gaia")
