@@ -72,8 +72,12 @@ def run_command(args: argparse.Namespace) -> int:
 
 def answer(args: argparse.Namespace, flow: Any, saver: Any, config: Any) -> int:
     """Stream the run (new, or resumed from its checkpoint) and print the answer."""
+    planner = flow.planner.version
+    if getattr(flow.planner, "url", None):  # a ServerPolicy: say where prompts are rendered
+        where = "here" if flow.planner.tokenizer is not None else "by the server"
+        planner += f" at {flow.planner.url} (prompts rendered {where})"
     print(
-        f"planner: {flow.planner.version}  engine: {flow.engine.policy.version}  "
+        f"planner: {planner}  engine: {flow.engine.policy.version}  "
         f"tools: {', '.join(flow.tool_names)}"
     )
     state: dict[str, Any] = {"question": args.question}

@@ -71,9 +71,8 @@ class ServerPolicy:
 
         key = os.environ.get(api_key_env) if api_key_env else None
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._client = httpx.Client(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s
-        )
+        self.url = base_url.rstrip("/")
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
         self.model = model
         self.tokenizer = tokenizer
         self.logprobs_mode = logprobs_mode

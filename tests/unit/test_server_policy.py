@@ -181,7 +181,8 @@ def test_the_cli_plans_on_a_server(
     assert main([*argv, *options]) == 2  # no served model named
     assert "--planner-url needs --planner" in capsys.readouterr().err
     assert main([*argv, "--planner", str(tiny_model_dir), *options]) == 0
-    assert f"planner: {tiny_model_dir}@server" in capsys.readouterr().out
+    header = f"planner: {tiny_model_dir}@server at {server.url}/v1 (prompts rendered here)"
+    assert header in capsys.readouterr().out
     assert server.requests and all(r.path == "/v1/completions" for r in server.requests)
     assert {r.body["model"] for r in server.requests} == {str(tiny_model_dir)}
     (run,) = [json.loads(line) for line in out.read_text().splitlines()]
