@@ -24,7 +24,6 @@ from typing import Any
 
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Generation, Messages, Sampling
-from flowlearn.nodes.prefix_cache import PrefixCache
 
 IDLE_EXIT_S = 5.0
 """A batching worker with nothing to decode for this long ends; the next call starts one."""
@@ -92,7 +91,6 @@ class BatchingPolicy(HFPolicy):
         max_batch_size: int = 16,
         max_wait_s: float = 0.05,
         min_shared_prefix: int = 32,
-        prefix_cache_size: int = 8,
     ) -> None:
         """Wrap `policy` (its model, tokenizer, version and lock are shared).
 
@@ -103,11 +101,9 @@ class BatchingPolicy(HFPolicy):
             min_shared_prefix: when the batch's prompts share at least this many leading
                 tokens (the system prompt, the planner's instructions and tool catalogue),
                 that prefix is read once and its KV cache shared by every row.
-            prefix_cache_size: how many recently read prefixes keep their KV cache for later
-                batches (`PrefixCache`; dropped when the weights change); 0 turns this off.
 
         Raises:
-            ValueError: a batch size below 1, a negative wait or cache size.
+            ValueError: a batch size below 1 or a negative wait.
 
         """
         if max_batch_size < 1:
@@ -124,7 +120,6 @@ class BatchingPolicy(HFPolicy):
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.min_shared_prefix = min_shared_prefix
-        self.prefixes = PrefixCache(prefix_cache_size)
         self._queue: queue.Queue[_Request | None] = queue.Queue()  # None: stop
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -266,6 +261,9 @@ class BatchingPolicy(HFPolicy):
         if not parts:
             return running
         cache, mask, last, logits = _stack(parts) if len(parts) > 1 else parts[0]
+        from flowlearn.nodes.growing_cache import grow_in_place  # imports torch
+
+        grow_in_place(cache)  # decoding steps append in place, not by copying the cache
         self.batch_sizes.append(len(rows))
         return _Running(rows, cache, mask, last, logits)
 
@@ -342,14 +340,13 @@ class BatchingPolicy(HFPolicy):
         """Read a group of prompts; return their KV cache, mask, last positions, next logits.
 
         Layout: [shared prefix][left padding][each prompt's own tail]. A prefix of at least
-        `min_shared_prefix` tokens is read once (or its start taken from the prefix cache) and
-        its KV repeated for every row; positions follow the mask, so each token sits where it
-        would in a single call.
+        `min_shared_prefix` tokens is read once and its KV repeated for every row; positions
+        follow the mask, so each token sits where it would in a single call.
         """
         import torch
 
         model, device, n = self.model, self.model.device, len(prompts)
-        shared = shared_prefix_length(prompts) if n > 1 or self.prefixes.size else 0
+        shared = shared_prefix_length(prompts) if n > 1 else 0
         if shared < self.min_shared_prefix:
             shared = 0
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -365,7 +362,8 @@ class BatchingPolicy(HFPolicy):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         prefix: dict[str, Any] = {}
         if shared:
-            cache = self._read_prefix(prompts[0][:shared])
+            head = torch.tensor([prompts[0][:shared]], device=device)
+            cache = model(input_ids=head, use_cache=True, logits_to_keep=1).cache
             cache.batch_repeat_interleave(n)
             prefix = {"cache": cache}
         out = model(
@@ -377,24 +375,6 @@ class BatchingPolicy(HFPolicy):
             **prefix,
         )
         return out.cache, mask, positions[:, -1], out.logits[:, -1, :]
-
-    def _read_prefix(self, tokens: list[int]) -> Any:
-        """Return a KV cache of `tokens` (batch of one), reading only what the cache lacks."""
-        import torch
-
-        reused, cache = self.prefixes.lookup(tokens, self.model, self.min_shared_prefix)
-        if reused == len(tokens):
-            return cache
-        device = self.model.device
-        out = self.model(
-            input_ids=torch.tensor([tokens[reused:]], device=device),
-            position_ids=torch.arange(reused, len(tokens), device=device).unsqueeze(0),
-            use_cache=True,
-            logits_to_keep=1,
-            **({"cache": cache} if cache is not None else {}),
-        )
-        self.prefixes.store(tokens, out.cache)
-        return out.cache
 
 
 def prefix_groups(prompts: list[list[int]], min_shared_prefix: int) -> list[list[int]]:

@@ -14,7 +14,6 @@ from flowlearn.nodes import batching
 from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Generation, Sampling
-from flowlearn.nodes.prefix_cache import common_length
 
 PROMPTS = ["What is 17 * 23?", "Capital of France?", "Tool Name: python", "Hi"]
 
@@ -265,37 +264,6 @@ def test_an_idle_worker_ends_and_the_next_call_starts_one(
     again = batched.generate(chat(PROMPTS[0]), greedy)
     assert again.completion_ids == first.completion_ids
     assert again.completion_ids == single.generate(chat(PROMPTS[0]), greedy).completion_ids
-
-
-def test_later_batches_reuse_cached_prefixes_until_the_weights_change(
-    tiny_model_dir: Path,
-) -> None:
-    single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
-    batched = BatchingPolicy(single, max_wait_s=0.0, min_shared_prefix=8, prefix_cache_size=2)
-    greedy = Sampling(temperature=0.0, max_new_tokens=8)
-
-    def check(prompt: str) -> None:
-        got = batched.generate(chat(SHARED + prompt), greedy)
-        alone = single.generate(chat(SHARED + prompt), greedy)
-        assert got.completion_ids == alone.completion_ids
-        assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
-
-    check(PROMPTS[0])
-    assert batched.prefixes.reused_tokens == 0  # nothing cached yet
-    check(PROMPTS[1])  # a later batch: the shared template comes from the cache
-    first, second = (batched.encode_chat(chat(SHARED + p)) for p in PROMPTS[:2])
-    assert batched.prefixes.reused_tokens == common_length(first, second) > len(first) // 2
-    reused = batched.prefixes.reused_tokens
-    with torch.no_grad():  # an optimizer-like in-place update: cached keys are now stale
-        for parameter in single.model.parameters():
-            parameter.mul_(1.5)
-    check(PROMPTS[2])
-    assert batched.prefixes.reused_tokens == reused  # dropped, not reused
-    check(PROMPTS[3])
-    assert batched.prefixes.reused_tokens > reused  # cached again under the new weights
-    assert len(batched.prefixes.entries) == 2  # the least recently used was evicted
-    with pytest.raises(ValueError, match="prefix_cache_size"):
-        BatchingPolicy(single, prefix_cache_size=-1)
 
 
 def test_workers_are_stopped_before_the_interpreter_exits(
