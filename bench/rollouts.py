@@ -60,6 +60,12 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=48, help="new tokens per model call")
     parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait, seconds")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="where to write the JSON (bench/results/rollouts.json)",
+    )
     args = parser.parse_args()
     policy = HFPolicy.from_pretrained(args.planner, device=args.device)
     group = 4
@@ -91,9 +97,9 @@ def main() -> None:
         "planner_tokens_per_trajectory": sum(tokens) / len(tokens),
     }
     print(json.dumps(result, indent=2))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"speedup batched / sequential: {result['speedup']:.2f}x; wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"speedup batched / sequential: {result['speedup']:.2f}x; wrote {args.out}")
 
 
 if __name__ == "__main__":
