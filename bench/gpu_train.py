@@ -5,7 +5,9 @@ CPU, to check the script itself). A randomly initialised model of the Qwen2.5-0.
 in bf16 is the planner; the fixed engine is scripted, so the measured time is the policy's.
 Both trainers get the same model configuration, group size, batch and completion budget; the
 JSON written to bench/results/gpu_train.json holds rollout and update seconds, completion
-tokens per second and peak GPU memory of each, and their ratios.
+tokens per second and peak GPU memory of each, and their ratios. It also runs the rollout
+benchmark of `bench/rollouts.py` on the same model: 16 flows, batched (`BatchingPolicy`, under
+planner and engine) vs one at a time, with its trajectories per second and their ratio.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).parent))
 
+import rollouts
 import torch
 from tiny_model import CHATML
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -219,6 +223,34 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
     }
 
 
+def run_rollouts(args: argparse.Namespace, tok: Any, device: str, dtype: Any) -> dict:
+    """bench/rollouts.py's comparison on this model: N flows batched vs one at a time."""
+    from flowlearn.nodes.batching import BatchingPolicy
+    from flowlearn.nodes.hf_policy import HFPolicy
+
+    policy = HFPolicy(model(args.shape, tok, device, dtype), tok, version="random-qwen2.5-0.5b")
+    group = 4
+    cases = [
+        Case(f"q{i}", rollouts.QUESTIONS[i % len(rollouts.QUESTIONS)], "")
+        for i in range(max(1, args.flows // group))
+    ]
+    context = Context(
+        max_steps=1, planner_max_new_tokens=args.rollout_tokens, seed=0, max_seconds=None
+    )
+    batched_policy = BatchingPolicy(policy, max_batch_size=args.flows)
+    batched, batched_seconds = rollouts.run(batched_policy, cases, group, args.flows, context)
+    sequential, sequential_seconds = rollouts.run(policy, cases, group, 1, context)
+    sizes = batched_policy.batch_sizes
+    return {
+        "flows": len(batched),
+        "tokens_per_call": args.rollout_tokens,
+        "batched_trajectories_per_second": len(batched) / batched_seconds,
+        "sequential_trajectories_per_second": len(sequential) / sequential_seconds,
+        "speedup": sequential_seconds / batched_seconds,
+        "mean_rows_per_forward": sum(sizes) / len(sizes),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="small model on CPU (script check)")
@@ -227,6 +259,10 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--flows", type=int, default=16, help="rollout bench: flows (16)")
+    parser.add_argument(
+        "--rollout-tokens", type=int, default=64, help="rollout bench: tokens per call (64)"
+    )
     parser.add_argument("--out", type=Path, default=Path("/tmp/flowlearn-gpu-train"))
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.tiny
@@ -237,6 +273,7 @@ def main() -> None:
     tok = tokenizer(args.out / "tokenizer")
     flow = run_flow(args, tok, device, dtype, args.out)
     stock = run_stock(args, tok, device, dtype, args.out)
+    batching = run_rollouts(args, tok, device, dtype)
     result = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (--tiny script check)",
         "model": "Qwen2.5-0.5B configuration, random init, bf16" if cuda else "tiny Qwen2, fp32",
@@ -245,6 +282,7 @@ def main() -> None:
         "trl_grpo": stock,
         "tokens_per_second_ratio_flow_over_stock": flow["completion_tokens_per_second"]
         / stock["completion_tokens_per_second"],
+        "rollouts_batched_vs_sequential": batching,
     }
     print(json.dumps(result, indent=2))
     if cuda:
