@@ -20,8 +20,34 @@ SPARE = 64
 """Room added beyond what is needed when a buffer has to grow (at least)."""
 
 
+class _Filled:
+    """A view of the filled part of a layer's buffer; assigning a tensor replaces the buffer.
+
+    For `keys` it reads `_keys` up to `_keys_length`; each of keys and values keeps its own
+    length because `DynamicLayer`'s methods reassign them one after the other.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.buffer, self.filled = f"_{name}", f"_{name}_length"
+
+    def __get__(self, layer: Any, owner: type | None = None) -> Any:
+        buffer = getattr(layer, self.buffer)
+        return None if buffer is None else buffer[..., : getattr(layer, self.filled), :]
+
+    def __set__(self, layer: Any, value: torch.Tensor | None) -> None:
+        setattr(layer, self.buffer, value)
+        setattr(layer, self.filled, 0 if value is None else value.shape[-2])
+
+
 class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """A `DynamicLayer` whose appends write into spare room instead of concatenating."""
+
+    keys = _Filled()
+    values = _Filled()
+    _keys: torch.Tensor | None
+    _values: torch.Tensor | None
+    _keys_length: int
+    _values_length: int
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Hold `keys` and `values` (batch, heads, tokens, dim); room is added on first append."""
@@ -31,26 +57,6 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self.keys = keys
         self.values = values
 
-    @property
-    def keys(self) -> torch.Tensor | None:
-        """The cached keys: the filled part of the buffer."""
-        return None if self._keys is None else self._keys[..., : self.length, :]
-
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        self._keys = value
-        self.length = 0 if value is None else value.shape[-2]
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        """The cached values: the filled part of the buffer."""
-        return None if self._values is None else self._values[..., : self._values_length, :]
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        self._values = value
-        self._values_length = 0 if value is None else value.shape[-2]
-
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,15 +65,15 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
             self.device, self.is_initialized = key_states.device, True
             self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
         assert self._keys is not None and self._values is not None
-        start, added = self.length, key_states.shape[-2]
-        if start + added > self._keys.shape[-2] or start + added > self._values.shape[-2]:
-            room = start + added + max(SPARE, (start + added) // 2)
+        start, end = self._keys_length, self._keys_length + key_states.shape[-2]
+        if end > self._keys.shape[-2] or end > self._values.shape[-2]:
+            room = end + max(SPARE, end // 2)
             self._keys = _grown(self._keys, start, room)
             self._values = _grown(self._values, start, room)
-        self._keys[..., start : start + added, :] = key_states
-        self._values[..., start : start + added, :] = value_states
-        self.length = self._values_length = start + added
-        return self._keys[..., : self.length, :], self._values[..., : self.length, :]
+        self._keys[..., start:end, :] = key_states
+        self._values[..., start:end, :] = value_states
+        self._keys_length = self._values_length = end
+        return self._keys[..., :end, :], self._values[..., :end, :]
 
 
 def _grown(buffer: torch.Tensor, filled: int, room: int) -> torch.Tensor:
