@@ -87,16 +87,12 @@ def load_benchmark(
             return load_hub_benchmark(bench.hub_id, limit=limit)
         return adapt_records(bench.hub_id, read_records(local), limit=limit)
     if path is not None:
-        source: str | Path = path
-    elif bench.file is not None:
-        source = benchmarks_dir() / bench.file
-        if not Path(source).is_file():
-            raise FileNotFoundError(
-                f"{source} not found; set {DATA_ENV} to the folder holding {bench.file} "
-                "or pass a path"
-            )
-    else:
-        raise FileNotFoundError(f"{name} has neither a file nor a hub id")
+        return load_cases(path, limit=limit)
+    source = benchmarks_dir() / str(bench.file)  # every benchmark not on the hub ships a file
+    if not source.is_file():
+        raise FileNotFoundError(
+            f"{source} not found; set {DATA_ENV} to the folder holding {bench.file} or pass a path"
+        )
     return load_cases(source, limit=limit)
 
 

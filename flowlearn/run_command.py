@@ -72,8 +72,10 @@ def run_command(args: argparse.Namespace) -> int:
 
 def answer(args: argparse.Namespace, flow: Any, saver: Any, config: Any) -> int:
     """Stream the run (new, or resumed from its checkpoint) and print the answer."""
+    from flowlearn.nodes.server_policy import ServerPolicy
+
     planner = flow.planner.version
-    if getattr(flow.planner, "url", None):  # a ServerPolicy: say where prompts are rendered
+    if isinstance(flow.planner, ServerPolicy):  # say where its prompts are rendered
         where = "here" if flow.planner.tokenizer is not None else "by the server"
         planner += f" at {flow.planner.url} (prompts rendered {where})"
     print(
