@@ -225,30 +225,10 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
 
 def run_rollouts(args: argparse.Namespace, tok: Any, device: str, dtype: Any) -> dict:
     """bench/rollouts.py's comparison on this model: N flows batched vs one at a time."""
-    from flowlearn.nodes.batching import BatchingPolicy
     from flowlearn.nodes.hf_policy import HFPolicy
 
     policy = HFPolicy(model(args.shape, tok, device, dtype), tok, version="random-qwen2.5-0.5b")
-    group = 4
-    cases = [
-        Case(f"q{i}", rollouts.QUESTIONS[i % len(rollouts.QUESTIONS)], "")
-        for i in range(max(1, args.flows // group))
-    ]
-    context = Context(
-        max_steps=1, planner_max_new_tokens=args.rollout_tokens, seed=0, max_seconds=None
-    )
-    batched_policy = BatchingPolicy(policy, max_batch_size=args.flows)
-    batched, batched_seconds = rollouts.run(batched_policy, cases, group, args.flows, context)
-    sequential, sequential_seconds = rollouts.run(policy, cases, group, 1, context)
-    sizes = batched_policy.batch_sizes
-    return {
-        "flows": len(batched),
-        "tokens_per_call": args.rollout_tokens,
-        "batched_trajectories_per_second": len(batched) / batched_seconds,
-        "sequential_trajectories_per_second": len(sequential) / sequential_seconds,
-        "speedup": sequential_seconds / batched_seconds,
-        "mean_rows_per_forward": sum(sizes) / len(sizes),
-    }
+    return rollouts.compare(policy, args.flows, args.rollout_tokens)
 
 
 def main() -> None:

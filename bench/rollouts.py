@@ -52,6 +52,36 @@ def run(policy: HFPolicy, cases: list[Case], group: int, concurrency: int, conte
     return trajectories, time.perf_counter() - start
 
 
+def compare(
+    policy: HFPolicy, flows: int, tokens: int, max_steps: int = 1, max_wait: float = 0.05
+) -> dict:
+    """Run `flows` flows batched, then the same flows one at a time; return the figures."""
+    group = 4
+    cases = [
+        Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(max(1, flows // group))
+    ]
+    context = Context(max_steps=max_steps, planner_max_new_tokens=tokens, seed=0, max_seconds=None)
+    batched_policy = BatchingPolicy(policy, max_batch_size=flows, max_wait_s=max_wait)
+    batched, batched_seconds = run(batched_policy, cases, group, flows, context)
+    sequential, sequential_seconds = run(policy, cases, group, 1, context)
+    planner_tokens = [
+        sum(len(t.completion_ids or []) for t in r.transitions if t.node == "planner")
+        for r in batched
+    ]
+    sizes = batched_policy.batch_sizes
+    return {
+        "flows": len(batched),
+        "max_steps": max_steps,
+        "tokens_per_call": tokens,
+        "max_wait_s": max_wait,
+        "batched_trajectories_per_second": len(batched) / batched_seconds,
+        "sequential_trajectories_per_second": len(sequential) / sequential_seconds,
+        "speedup": sequential_seconds / batched_seconds,
+        "mean_rows_per_forward": sum(sizes) / len(sizes),
+        "planner_tokens_per_trajectory": sum(planner_tokens) / len(planner_tokens),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flows", type=int, default=16, help="concurrent flows (16)")
@@ -68,33 +98,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     policy = HFPolicy.from_pretrained(args.planner, device=args.device)
-    group = 4
-    cases = [
-        Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(max(1, args.flows // group))
-    ]
-    context = Context(
-        max_steps=args.max_steps, planner_max_new_tokens=args.tokens, seed=0, max_seconds=None
-    )
-    batched_policy = BatchingPolicy(policy, max_batch_size=args.flows, max_wait_s=args.max_wait)
-    batched, batched_seconds = run(batched_policy, cases, group, args.flows, context)
-    sequential, sequential_seconds = run(policy, cases, group, 1, context)
-    tokens = [
-        sum(len(t.completion_ids or []) for t in r.transitions if t.node == "planner")
-        for r in batched
-    ]
     result = {
         "machine": f"{os.cpu_count()} CPU cores"
         + (f", {torch.cuda.get_device_name()}" if policy.model.device.type == "cuda" else ""),
         "model": policy.version,
-        "flows": len(batched),
-        "max_steps": args.max_steps,
-        "tokens_per_call": args.tokens,
-        "max_wait_s": args.max_wait,
-        "batched_trajectories_per_second": len(batched) / batched_seconds,
-        "sequential_trajectories_per_second": len(sequential) / sequential_seconds,
-        "speedup": sequential_seconds / batched_seconds,
-        "mean_rows_per_forward": sum(batched_policy.batch_sizes) / len(batched_policy.batch_sizes),
-        "planner_tokens_per_trajectory": sum(tokens) / len(tokens),
+        **compare(policy, args.flows, args.tokens, args.max_steps, args.max_wait),
     }
     print(json.dumps(result, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
