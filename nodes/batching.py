@@ -63,6 +63,18 @@ class _Request:
     completion: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     started: float = 0.0
+    seed: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        # An unseeded request draws its seed from torch's global generator, on the caller's
+        # thread, so `transformers.set_seed` (and TRL's `args.seed`) governs batched sampling
+        # as it governs a single `generate` call.
+        if self.sampling.seed is not None or self.sampling.temperature == 0:
+            self.seed = self.sampling.seed or 0  # greedy never draws
+        else:
+            import torch
+
+            self.seed = int(torch.randint(0, 2**62, ()).item())
 
 
 @dataclass
@@ -240,7 +252,7 @@ class BatchingPolicy(HFPolicy):
                         f"prompt of {len(prompt)} tokens + {budget} new tokens exceeds the "
                         f"model's {limit} positions; shorten the prompt or the budget"
                     )
-                request.generator = _generator(request.sampling.seed, self.model.device)
+                request.generator = _generator(request.seed, self.model.device)
             except Exception as exc:
                 request.future.set_exception(exc)
                 continue
@@ -421,15 +433,10 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
     return length
 
 
-def _generator(seed: int | None, device: Any) -> Any:
+def _generator(seed: int, device: Any) -> Any:
     import torch
 
-    generator = torch.Generator(device=device)
-    if seed is not None:
-        generator.manual_seed(seed)
-    else:
-        generator.seed()
-    return generator
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def _keep(rows: list[int], cache: Any, *tensors: Any) -> tuple[Any, ...]:

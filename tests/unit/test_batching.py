@@ -84,6 +84,24 @@ def test_each_request_keeps_its_own_sampling(policies: tuple[HFPolicy, BatchingP
     assert again[0].completion_ids == results[1].completion_ids
 
 
+def test_unseeded_sampling_follows_the_global_seed(
+    policies: tuple[HFPolicy, BatchingPolicy],
+) -> None:
+    """`transformers.set_seed` (TRL's `args.seed`) makes unseeded batched sampling repeatable."""
+    _, batched = policies
+    hot = Sampling(temperature=1.5, max_new_tokens=12)
+
+    def sampled(seed: int) -> list[list[int]]:
+        torch.manual_seed(seed)
+        prompts = [batched.encode_chat(chat(p)) for p in PROMPTS]
+        return [ids for ids, _ in batched.decode(prompts, [hot] * len(prompts))]
+
+    first = sampled(0)
+    assert sampled(0) == first
+    assert sampled(1) != first
+    assert len(set(map(tuple, first))) > 1  # each request drew its own seed
+
+
 def test_a_failing_request_fails_alone(
     policies: tuple[HFPolicy, BatchingPolicy], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -73,8 +73,10 @@ def test_a_custom_two_node_graph_trains(tiny_model_dir: Path, tmp_path: Path) ->
         model,
         args=GRPOConfig(
             output_dir=str(tmp_path / "out"),
-            per_device_train_batch_size=4,
-            num_generations=2,
+            # 2 questions x 4 rollouts per step: a group learns nothing when its 4 first tokens
+            # share a parity (1 in 8), so no update in 2 steps has odds 8**-4
+            per_device_train_batch_size=8,
+            num_generations=4,
             steps_per_generation=1,
             max_steps=2,
             learning_rate=1e-3,
@@ -98,12 +100,12 @@ def test_a_custom_two_node_graph_trains(tiny_model_dir: Path, tmp_path: Path) ->
     trainer.train()
     assert any((before[k] - v).abs().sum() > 0 for k, v in model.state_dict().items())
     rollouts = store.load()
-    assert len(rollouts) == 2 * 2 * 2
+    assert len(rollouts) == 2 * 2 * 4
     assert all(r.answer for r in rollouts)  # the generator ran the chosen tool
     turns = [t for r in rollouts for t in r.transitions]
     assert {t.node for t in turns} == {"planner"} and all(t.token_faithful for t in turns)
     logged = [h for h in trainer.state.log_history if "flow/rows" in h]
-    assert [h["flow/rows"] for h in logged] == [4.0, 4.0]  # every policy call became a row
+    assert [h["flow/rows"] for h in logged] == [8.0, 8.0]  # every policy call became a row
 
 
 def test_graph_factory_and_engine_exclude_each_other(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -93,7 +93,9 @@ def test_online_training_updates_the_planner_in_the_flow(
     store = TrajectoryStore(tmp_path / "rollouts.jsonl")
     trainer = FlowGRPOTrainer(
         model,
-        args=config(tmp_path),
+        # 2 questions x 4 rollouts per step: the weights stay put only if every group's 4
+        # coin-flip answers agree, odds 8**-4
+        args=config(tmp_path, per_device_train_batch_size=8, num_generations=4),
         engine=engine(),
         tools=[lookup],
         scorer=scorer,
@@ -107,7 +109,7 @@ def test_online_training_updates_the_planner_in_the_flow(
     changed = sum((before[k] - v).abs().sum().item() for k, v in model.state_dict().items())
     assert changed > 0
     rollouts = store.load()
-    assert len(rollouts) == 2 * 2 * 2  # 2 steps x 2 questions x G=2
+    assert len(rollouts) == 2 * 2 * 4  # 2 steps x 2 questions x G=4
     versions = {t.policy_version for r in rollouts for t in r.transitions if t.node == "planner"}
     assert {v.rsplit("@", 1)[1] for v in versions} == {"0", "1"}  # step 2 used updated weights
     logged = [h for h in trainer.state.log_history if "flow/rows" in h]
