@@ -69,6 +69,7 @@ def compare(
         for r in batched
     ]
     sizes = batched_policy.batch_sizes
+    reading, decoding = (batched_policy.seconds[k] for k in ("reading", "decoding"))
     return {
         "flows": len(batched),
         "max_steps": max_steps,
@@ -78,6 +79,11 @@ def compare(
         "sequential_trajectories_per_second": len(sequential) / sequential_seconds,
         "speedup": sequential_seconds / batched_seconds,
         "mean_rows_per_forward": sum(sizes) / len(sizes),
+        "batched_shares": {  # of the batched arm's wall time, from its worker thread
+            "reading_prompts": reading / batched_seconds,
+            "decoding": decoding / batched_seconds,
+            "model_idle": 1 - (reading + decoding) / batched_seconds,
+        },
         "planner_tokens_per_trajectory": sum(planner_tokens) / len(planner_tokens),
     }
 

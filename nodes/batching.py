@@ -129,6 +129,7 @@ class BatchingPolicy(HFPolicy):
             context_window=policy.context_window,
         )
         self.policy = policy
+        self._linears = policy._linears  # the wrapped policy's weight copies serve both
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.min_shared_prefix = min_shared_prefix
@@ -137,6 +138,8 @@ class BatchingPolicy(HFPolicy):
         self._start_lock = threading.Lock()
         self.batch_sizes: list[int] = []
         """Rows in each forward pass over the running batch (for benchmarks and tests)."""
+        self.seconds = {"reading": 0.0, "decoding": 0.0}
+        """Worker time spent reading prompts and decoding steps (for benchmarks)."""
 
     def generate(
         self, messages: Messages, sampling: Sampling, *, streamer: Any = None
@@ -177,9 +180,13 @@ class BatchingPolicy(HFPolicy):
                 return
             try:
                 if arrived:
+                    started = time.perf_counter()
                     running = self._admit(running, arrived)
+                    self.seconds["reading"] += time.perf_counter() - started
                 if running is not None:
+                    started = time.perf_counter()
                     running = self._step(running)
+                    self.seconds["decoding"] += time.perf_counter() - started
             except Exception as exc:  # a step that fails for every row fails them all
                 for request in (running.rows if running else []) + arrived:
                     if not request.future.done():
@@ -284,7 +291,7 @@ class BatchingPolicy(HFPolicy):
         import torch
 
         try:
-            with self._lock, torch.no_grad():
+            with self._lock, torch.no_grad(), self.fast_linears():
                 return [(members, self._prefill([r.prompt_ids for r in members]))]
         except Exception as exc:
             if len(members) == 1:
@@ -320,7 +327,7 @@ class BatchingPolicy(HFPolicy):
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
         last = last + 1
         self.batch_sizes.append(len(rows))
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), self.fast_linears():
             out = self.model(
                 input_ids=chosen.unsqueeze(1),
                 attention_mask=mask,

@@ -8,8 +8,10 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from flowlearn.nodes.cpu_linear import TransposedLinears
 from flowlearn.nodes.hf_loading import load_model_and_tokenizer
 from flowlearn.nodes.policy import Generation, Messages, Sampling
 
@@ -53,6 +55,7 @@ class HFPolicy:
         *,
         version: str | None = None,
         context_window: int | None = None,
+        transposed_cpu_weights: bool = True,
     ) -> None:
         """Wrap `model` and `tokenizer`.
 
@@ -62,6 +65,9 @@ class HFPolicy:
             version: the policy version recorded in every transition.
             context_window: the most tokens prompt plus completion may take; default the
                 model's `max_position_embeddings`. Longer prompts are cut to fit (`fit_prompt`).
+            transposed_cpu_weights: on CPU, generate with transposed copies of the fp32 linear
+                weights (`TransposedLinears`): decoding steps are faster, at the memory cost
+                of one more copy of those weights. No effect on other devices.
 
         """
         self.model = model
@@ -72,6 +78,7 @@ class HFPolicy:
             model.config, "max_position_embeddings", None
         )
         self._lock = model_lock(model)
+        self._linears = TransposedLinears() if transposed_cpu_weights else None
 
     @classmethod
     def from_pretrained(
@@ -85,6 +92,10 @@ class HFPolicy:
         """Load from a hub id, a local folder, a .gguf file, or the embedded default (None)."""
         model, tokenizer = load_model_and_tokenizer(source, device=device, dtype=dtype)
         return cls(model, tokenizer, version=version)
+
+    def fast_linears(self) -> AbstractContextManager[None]:
+        """Within this block (under the lock and `no_grad`), use the transposed CPU weights."""
+        return nullcontext() if self._linears is None else self._linears.active(self.model)
 
     def encode_chat(self, messages: Messages) -> list[int]:
         """Render `messages` with the chat template and return the prompt's token ids."""
@@ -156,7 +167,7 @@ class HFPolicy:
             output_logits=True,
         )
         start = time.perf_counter()
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), self.fast_linears():
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             device = self.model.device

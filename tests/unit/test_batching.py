@@ -57,6 +57,7 @@ def test_greedy_batch_matches_single_calls(policies: tuple[HFPolicy, BatchingPol
     greedy = Sampling(temperature=0.0, max_new_tokens=12)
     results = together(batched, [(p, greedy) for p in PROMPTS])
     assert max(batched.batch_sizes) > 1  # they really shared a batch
+    assert batched.seconds["reading"] > 0 and batched.seconds["decoding"] > 0
     for prompt, got in zip(PROMPTS, results, strict=True):
         alone = single.generate(chat(prompt), greedy)
         assert got.prompt_ids == alone.prompt_ids
