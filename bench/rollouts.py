@@ -5,7 +5,8 @@ SmolLM2-135M default unless --planner names another), the same questions, seeds 
 budgets, and the real flow with the default tools. The batched arm runs the flows on threads
 with `BatchingPolicy` under the planner and the engine; the sequential arm runs them in turn on
 the plain `HFPolicy`. Prints trajectories per second and their ratio (target: >= 3x on 2 CPU
-cores, >= 10x on a GPU) and writes bench/results/rollouts.json.
+cores, >= 10x on a GPU) and writes bench/results/rollouts.json. On a shared machine, use
+`--repeats 2` or more: the pair runs again with the arms' order swapped.
 """
 
 from __future__ import annotations
@@ -53,31 +54,57 @@ def run(policy: HFPolicy, cases: list[Case], group: int, concurrency: int, conte
 
 
 def compare(
-    policy: HFPolicy, flows: int, tokens: int, max_steps: int = 1, max_wait: float = 0.05
+    policy: HFPolicy,
+    flows: int,
+    tokens: int,
+    max_steps: int = 1,
+    max_wait: float = 0.05,
+    repeats: int = 1,
 ) -> dict:
-    """Run `flows` flows batched, then the same flows one at a time; return the figures."""
+    """Run `flows` flows batched and the same flows one at a time; return the figures.
+
+    With `repeats` > 1 the pair runs again, in the other order each time (batched first, then
+    sequential first, ...), so drift on a shared machine falls on both arms; the speedup is
+    the ratio of the arms' total seconds, and each pair's ratio is listed too.
+    """
     group = 4
     cases = [
         Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(max(1, flows // group))
     ]
     context = Context(max_steps=max_steps, planner_max_new_tokens=tokens, seed=0, max_seconds=None)
-    batched_policy = BatchingPolicy(policy, max_batch_size=flows, max_wait_s=max_wait)
-    batched, batched_seconds = run(batched_policy, cases, group, flows, context)
-    sequential, sequential_seconds = run(policy, cases, group, 1, context)
+    batched_seconds = sequential_seconds = reading = decoding = 0.0
+    sizes: list[int] = []
+    pairs = []
+    for repeat in range(repeats):
+        batched_policy = BatchingPolicy(policy, max_batch_size=flows, max_wait_s=max_wait)
+        arms = {
+            "batched": lambda p=batched_policy: run(p, cases, group, flows, context),
+            "sequential": lambda: run(policy, cases, group, 1, context),
+        }
+        order = list(arms) if repeat % 2 == 0 else list(arms)[::-1]
+        results = {name: arms[name]() for name in order}
+        batched, pair_batched = results["batched"]
+        sequential, pair_sequential = results["sequential"]
+        pairs.append(pair_sequential / pair_batched)
+        batched_seconds += pair_batched
+        sequential_seconds += pair_sequential
+        sizes += batched_policy.batch_sizes
+        reading += batched_policy.seconds["reading"]
+        decoding += batched_policy.seconds["decoding"]
     planner_tokens = [
         sum(len(t.completion_ids or []) for t in r.transitions if t.node == "planner")
         for r in batched
     ]
-    sizes = batched_policy.batch_sizes
-    reading, decoding = (batched_policy.seconds[k] for k in ("reading", "decoding"))
     return {
         "flows": len(batched),
         "max_steps": max_steps,
         "tokens_per_call": tokens,
         "max_wait_s": max_wait,
-        "batched_trajectories_per_second": len(batched) / batched_seconds,
-        "sequential_trajectories_per_second": len(sequential) / sequential_seconds,
+        "repeats": repeats,
+        "batched_trajectories_per_second": repeats * len(batched) / batched_seconds,
+        "sequential_trajectories_per_second": repeats * len(sequential) / sequential_seconds,
         "speedup": sequential_seconds / batched_seconds,
+        "speedup_per_pair": pairs,
         "mean_rows_per_forward": sum(sizes) / len(sizes),
         "batched_shares": {  # of the batched arm's wall time, from its worker thread
             "reading_prompts": reading / batched_seconds,
@@ -97,18 +124,23 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48, help="new tokens per model call")
     parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait, seconds")
     parser.add_argument(
+        "--repeats", type=int, default=1, help="pairs of arms, alternating their order (1)"
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=RESULTS,
         help="where to write the JSON (bench/results/rollouts.json)",
     )
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     policy = HFPolicy.from_pretrained(args.planner, device=args.device)
     result = {
         "machine": f"{os.cpu_count()} CPU cores"
         + (f", {torch.cuda.get_device_name()}" if policy.model.device.type == "cuda" else ""),
         "model": policy.version,
-        **compare(policy, args.flows, args.tokens, args.max_steps, args.max_wait),
+        **compare(policy, args.flows, args.tokens, args.max_steps, args.max_wait, args.repeats),
     }
     print(json.dumps(result, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
