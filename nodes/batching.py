@@ -129,7 +129,6 @@ class BatchingPolicy(HFPolicy):
             context_window=policy.context_window,
         )
         self.policy = policy
-        self._linears = policy._linears  # the wrapped policy's weight copies serve both
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.min_shared_prefix = min_shared_prefix

@@ -10,8 +10,7 @@ the two are even, and past that (reading a prompt) the stock kernel is up to 10%
 fp32 `nn.Linear` of the model for that product on up to `MAX_ROWS` rows. Only under
 `torch.no_grad()` (a copy carries no gradient back to the weight) and only on CPU; a copy is
 remade when its weight changes (an optimizer step or a LoRA merge moves the tensor's version
-counter). The copies cost one more copy of the linear weights in memory, freed with the
-policy that holds them.
+counter). The copies cost one more copy of the linear weights in memory; `clear` frees them.
 """
 
 from __future__ import annotations
@@ -32,6 +31,10 @@ class TransposedLinears:
         self._copies: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], Any]] = (
             weakref.WeakKeyDictionary()
         )
+
+    def clear(self) -> None:
+        """Free the copies (they are made again at the next use)."""
+        self._copies.clear()
 
     @contextmanager
     def active(self, model: Any) -> Iterator[None]:

@@ -35,6 +35,18 @@ def model_lock(model: Any) -> threading.RLock:
         return lock
 
 
+_WEIGHT_COPIES: weakref.WeakKeyDictionary[Any, TransposedLinears] = weakref.WeakKeyDictionary()
+
+
+def weight_copies(model: Any) -> TransposedLinears:
+    """Return the transposed CPU weight copies of `model`, shared by every policy over it."""
+    with _MODEL_LOCKS_GUARD:
+        copies = _WEIGHT_COPIES.get(model)
+        if copies is None:
+            copies = _WEIGHT_COPIES[model] = TransposedLinears()
+        return copies
+
+
 class HFPolicy:
     """Wrap a transformers causal LM and tokenizer as a token-faithful `Policy`.
 
@@ -66,8 +78,8 @@ class HFPolicy:
             context_window: the most tokens prompt plus completion may take; default the
                 model's `max_position_embeddings`. Longer prompts are cut to fit (`fit_prompt`).
             transposed_cpu_weights: on CPU, generate with transposed copies of the fp32 linear
-                weights (`TransposedLinears`): decoding steps are faster, at the memory cost
-                of one more copy of those weights. No effect on other devices.
+                weights (`TransposedLinears`, one set per model): decoding steps are faster, at
+                the memory cost of one more copy of those weights. No effect on other devices.
 
         """
         self.model = model
@@ -78,7 +90,7 @@ class HFPolicy:
             model.config, "max_position_embeddings", None
         )
         self._lock = model_lock(model)
-        self._linears = TransposedLinears() if transposed_cpu_weights else None
+        self._linears = weight_copies(model) if transposed_cpu_weights else None
 
     @classmethod
     def from_pretrained(
@@ -96,6 +108,14 @@ class HFPolicy:
     def fast_linears(self) -> AbstractContextManager[None]:
         """Within this block (under the lock and `no_grad`), use the transposed CPU weights."""
         return nullcontext() if self._linears is None else self._linears.active(self.model)
+
+    def drop_weight_copies(self) -> None:
+        """Free the model's transposed CPU weight copies now (before a training update, say).
+
+        They are shared by every policy over the model and made again at the next use.
+        """
+        if self._linears is not None:
+            self._linears.clear()
 
     def encode_chat(self, messages: Messages) -> list[int]:
         """Render `messages` with the chat template and return the prompt's token ids."""

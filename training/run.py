@@ -19,7 +19,6 @@ class FrozenBasePolicy(HFPolicy):
 
     def __init__(self, policy: HFPolicy) -> None:
         super().__init__(policy.model, policy.tokenizer, version=f"{policy.version}:base")
-        self._linears = policy._linears  # the base layers' weight copies serve both
 
     def generate(self, messages: Any, sampling: Any, *, streamer: Any = None) -> Any:
         """Generate with the adapter disabled."""

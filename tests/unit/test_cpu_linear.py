@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.cpu_linear import TransposedLinears
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Sampling
@@ -78,3 +79,13 @@ def test_the_policy_option(tiny_model_dir: Path, enabled: bool) -> None:
     again = other.generate([{"role": "user", "content": "Hi"}], greedy)
     assert got.completion_ids == again.completion_ids
     assert got.logprobs == pytest.approx(again.logprobs, abs=1e-4)
+
+
+def test_policies_over_one_model_share_one_set_of_copies(tiny_model_dir: Path) -> None:
+    planner = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
+    batched = BatchingPolicy(planner)
+    assert batched._linears is planner._linears
+    planner.generate([{"role": "user", "content": "Hi"}], Sampling(max_new_tokens=3))
+    assert planner._linears is not None and planner._linears._copies
+    batched.drop_weight_copies()  # what the trainer does before an update
+    assert not planner._linears._copies
