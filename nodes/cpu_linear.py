@@ -57,13 +57,13 @@ class TransposedLinears:
                 and module.weight.dtype == torch.float32
                 and "forward" not in module.__dict__
             ):
-                module.forward = self._forward(module)
+                module.__dict__["forward"] = self._forward(module)  # on the instance only
                 swapped.append(module)
         try:
             yield
         finally:
             for module in swapped:
-                del module.forward
+                del module.__dict__["forward"]
 
     def _forward(self, module: Any) -> Callable[[Any], Any]:
         import torch.nn.functional as F
