@@ -19,9 +19,11 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowlearn.nodes.cpu_linear import TransposedLinears
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Generation, Messages, Sampling
 
@@ -103,6 +105,7 @@ class BatchingPolicy(HFPolicy):
         max_batch_size: int = 16,
         max_wait_s: float = 0.05,
         min_shared_prefix: int = 32,
+        transposed_cpu_weights: bool = True,
     ) -> None:
         """Wrap `policy` (its model, tokenizer, version and lock are shared).
 
@@ -113,6 +116,12 @@ class BatchingPolicy(HFPolicy):
             min_shared_prefix: when the batch's prompts share at least this many leading
                 tokens (the system prompt, the planner's instructions and tool catalogue),
                 that prefix is read once and its KV cache shared by every row.
+            transposed_cpu_weights: on CPU, decode with transposed copies of the fp32 linear
+                weights (`TransposedLinears`): a 16-row step of SmolLM2-135M takes 241 ms
+                instead of 362 ms, for one more copy of those weights in memory while a worker
+                runs. The copies are made when a worker starts decoding and freed when it ends;
+                meanwhile a weight changed in place is copied again only if its version counter
+                moves (optimizer steps, `copy_` under `no_grad`), not through `.data`.
 
         Raises:
             ValueError: a batch size below 1 or a negative wait.
@@ -132,6 +141,7 @@ class BatchingPolicy(HFPolicy):
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.min_shared_prefix = min_shared_prefix
+        self._linears = TransposedLinears() if transposed_cpu_weights else None
         self._queue: queue.Queue[_Request | None] = queue.Queue()  # None: stop
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -171,6 +181,7 @@ class BatchingPolicy(HFPolicy):
                 with self._start_lock:  # a call queued before this check keeps the worker
                     if self._queue.empty():
                         self._worker = None
+                        self._drop_weight_copies()
                         return
                 continue
             except _Stop:
@@ -234,9 +245,12 @@ class BatchingPolicy(HFPolicy):
         Raises the first failed request's error.
         """
         requests = [_Request(p, s) for p, s in zip(prompts, samplings, strict=True)]
-        running = self._admit(None, requests)
-        while running is not None:
-            running = self._step(running)
+        try:
+            running = self._admit(None, requests)
+            while running is not None:
+                running = self._step(running)
+        finally:
+            self._drop_weight_copies()
         results = [r.future.result() for r in requests]
         return [(g.completion_ids or [], g.logprobs or []) for g in results]
 
@@ -290,7 +304,7 @@ class BatchingPolicy(HFPolicy):
         import torch
 
         try:
-            with self._lock, torch.no_grad(), self.fast_linears():
+            with self._lock, torch.no_grad(), self._fast_linears():
                 return [(members, self._prefill([r.prompt_ids for r in members]))]
         except Exception as exc:
             if len(members) == 1:
@@ -326,7 +340,7 @@ class BatchingPolicy(HFPolicy):
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
         last = last + 1
         self.batch_sizes.append(len(rows))
-        with self._lock, torch.no_grad(), self.fast_linears():
+        with self._lock, torch.no_grad(), self._fast_linears():
             out = self.model(
                 input_ids=chosen.unsqueeze(1),
                 attention_mask=mask,
@@ -335,6 +349,13 @@ class BatchingPolicy(HFPolicy):
                 cache=cache,
             )
         return _Running(rows, out.cache, mask, last, out.logits[:, -1, :])
+
+    def _fast_linears(self) -> AbstractContextManager[None]:
+        return nullcontext() if self._linears is None else self._linears.active(self.model)
+
+    def _drop_weight_copies(self) -> None:
+        if self._linears is not None:
+            self._linears.clear()
 
     def _stops(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id

@@ -8,10 +8,8 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from flowlearn.nodes.cpu_linear import TransposedLinears
 from flowlearn.nodes.hf_loading import load_model_and_tokenizer
 from flowlearn.nodes.policy import Generation, Messages, Sampling
 
@@ -35,18 +33,6 @@ def model_lock(model: Any) -> threading.RLock:
         return lock
 
 
-_WEIGHT_COPIES: weakref.WeakKeyDictionary[Any, TransposedLinears] = weakref.WeakKeyDictionary()
-
-
-def weight_copies(model: Any) -> TransposedLinears:
-    """Return the transposed CPU weight copies of `model`, shared by every policy over it."""
-    with _MODEL_LOCKS_GUARD:
-        copies = _WEIGHT_COPIES.get(model)
-        if copies is None:
-            copies = _WEIGHT_COPIES[model] = TransposedLinears()
-        return copies
-
-
 class HFPolicy:
     """Wrap a transformers causal LM and tokenizer as a token-faithful `Policy`.
 
@@ -67,7 +53,6 @@ class HFPolicy:
         *,
         version: str | None = None,
         context_window: int | None = None,
-        transposed_cpu_weights: bool = True,
     ) -> None:
         """Wrap `model` and `tokenizer`.
 
@@ -77,9 +62,6 @@ class HFPolicy:
             version: the policy version recorded in every transition.
             context_window: the most tokens prompt plus completion may take; default the
                 model's `max_position_embeddings`. Longer prompts are cut to fit (`fit_prompt`).
-            transposed_cpu_weights: on CPU, generate with transposed copies of the fp32 linear
-                weights (`TransposedLinears`, one set per model): decoding steps are faster, at
-                the memory cost of one more copy of those weights. No effect on other devices.
 
         """
         self.model = model
@@ -90,7 +72,6 @@ class HFPolicy:
             model.config, "max_position_embeddings", None
         )
         self._lock = model_lock(model)
-        self._linears = weight_copies(model) if transposed_cpu_weights else None
 
     @classmethod
     def from_pretrained(
@@ -104,18 +85,6 @@ class HFPolicy:
         """Load from a hub id, a local folder, a .gguf file, or the embedded default (None)."""
         model, tokenizer = load_model_and_tokenizer(source, device=device, dtype=dtype)
         return cls(model, tokenizer, version=version)
-
-    def fast_linears(self) -> AbstractContextManager[None]:
-        """Within this block (under the lock and `no_grad`), use the transposed CPU weights."""
-        return nullcontext() if self._linears is None else self._linears.active(self.model)
-
-    def drop_weight_copies(self) -> None:
-        """Free the model's transposed CPU weight copies now (before a training update, say).
-
-        They are shared by every policy over the model and made again at the next use.
-        """
-        if self._linears is not None:
-            self._linears.clear()
 
     def encode_chat(self, messages: Messages) -> list[int]:
         """Render `messages` with the chat template and return the prompt's token ids."""
@@ -187,7 +156,7 @@ class HFPolicy:
             output_logits=True,
         )
         start = time.perf_counter()
-        with self._lock, torch.no_grad(), self.fast_linears():
+        with self._lock, torch.no_grad():
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             device = self.model.device

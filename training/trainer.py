@@ -220,10 +220,6 @@ class FlowGRPOTrainer(GRPOTrainer):
             )
         finally:
             model.train(was_training)
-            # the update needs the memory, and the planner's weights are about to change
-            for used in (policy, getattr(self.engine, "policy", None)):
-                if isinstance(used, HFPolicy):
-                    used.drop_weight_copies()
 
     def _rank_store(self) -> TrajectoryStore | None:
         """Return this process's rollout store: under `accelerate launch`, one file per rank.
