@@ -77,14 +77,12 @@ def compare(
     pairs = []
     for repeat in range(repeats):
         batched_policy = BatchingPolicy(policy, max_batch_size=flows, max_wait_s=max_wait)
-        arms = {
-            "batched": lambda p=batched_policy: run(p, cases, group, flows, context),
-            "sequential": lambda: run(policy, cases, group, 1, context),
-        }
-        order = list(arms) if repeat % 2 == 0 else list(arms)[::-1]
-        results = {name: arms[name]() for name in order}
-        batched, pair_batched = results["batched"]
-        sequential, pair_sequential = results["sequential"]
+        if repeat % 2 == 0:
+            batched, pair_batched = run(batched_policy, cases, group, flows, context)
+            sequential, pair_sequential = run(policy, cases, group, 1, context)
+        else:
+            sequential, pair_sequential = run(policy, cases, group, 1, context)
+            batched, pair_batched = run(batched_policy, cases, group, flows, context)
         pairs.append(pair_sequential / pair_batched)
         batched_seconds += pair_batched
         sequential_seconds += pair_sequential
