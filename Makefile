@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/flowlearn run "$(QUESTION)" --max-steps 3 --seed 0
+	$(VENV)/bin/flowlearn run "$(QUESTION)" --max-turns 3 --seed 0
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -40,7 +40,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> int:
         values = read_yaml(examples / "train.yaml") | {
             "data": str(examples / "train_questions.jsonl"),
             "output_dir": tempfile.mkdtemp(prefix="flowlearn-mem-"),
-            "max_steps": 1,
+            "max_turns": 1,
         }
         if args.planner:
             values["planner"] = args.planner

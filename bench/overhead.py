@@ -20,7 +20,7 @@ from langchain_core.tools import tool
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policy import Sampling
+from flowlearn.nodes.schema.sampling import Sampling
 
 RESULTS = Path(__file__).parent / "results" / "overhead.json"
 STEPS, RUNS = 5, 200
@@ -43,7 +43,7 @@ def respond(messages, tools):  # type: ignore[no-untyped-def]
 def graph_arm() -> float:
     policy, engine = ScriptedPolicy([plan("echo")]), FakeChatModel(respond=respond)
     graph = build_agentflow(policy, engine, [echo])
-    context = Context(max_steps=STEPS)
+    context = Context(max_turns=STEPS)
     start = time.perf_counter()
     for _ in range(RUNS):
         graph.invoke({"question": "q"}, context=context)

@@ -57,7 +57,7 @@ def compare(
     policy: HFPolicy,
     flows: int,
     tokens: int,
-    max_steps: int = 1,
+    max_turns: int = 1,
     max_wait: float = 0.05,
     repeats: int = 1,
 ) -> dict:
@@ -71,7 +71,7 @@ def compare(
     cases = [
         Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(max(1, flows // group))
     ]
-    context = Context(max_steps=max_steps, planner_max_new_tokens=tokens, seed=0, max_seconds=None)
+    context = Context(max_turns=max_turns, planner_max_new_tokens=tokens, seed=0, max_seconds=None)
     batched_seconds = sequential_seconds = reading = decoding = 0.0
     sizes: list[int] = []
     pairs = []
@@ -90,12 +90,12 @@ def compare(
         reading += batched_policy.seconds["reading"]
         decoding += batched_policy.seconds["decoding"]
     planner_tokens = [
-        sum(len(t.completion_ids or []) for t in r.transitions if t.node == "planner")
+        sum(len(t.get("completion_ids") or []) for t in r.transitions if t["node"] == "planner")
         for r in batched
     ]
     return {
         "flows": len(batched),
-        "max_steps": max_steps,
+        "max_turns": max_turns,
         "tokens_per_call": tokens,
         "max_wait_s": max_wait,
         "repeats": repeats,
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--flows", type=int, default=16, help="concurrent flows (16)")
     parser.add_argument("--planner", help="model (default: the embedded SmolLM2-135M)")
     parser.add_argument("--device", help="cpu or cuda (default: CUDA when available)")
-    parser.add_argument("--max-steps", type=int, default=1)
+    parser.add_argument("--max-turns", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=48, help="new tokens per model call")
     parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait, seconds")
     parser.add_argument(
@@ -138,7 +138,7 @@ def main() -> None:
         "machine": f"{os.cpu_count()} CPU cores"
         + (f", {torch.cuda.get_device_name()}" if policy.model.device.type == "cuda" else ""),
         "model": policy.version,
-        **compare(policy, args.flows, args.tokens, args.max_steps, args.max_wait, args.repeats),
+        **compare(policy, args.flows, args.tokens, args.max_turns, args.max_wait, args.repeats),
     }
     print(json.dumps(result, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)

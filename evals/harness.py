@@ -30,7 +30,7 @@ class CaseResult:
     answer: str
     score: float
     reason: str
-    steps: int
+    turns: int
     tools: list[str] = field(default_factory=list)
     format_errors: int = 0
     seconds: float = 0.0
@@ -48,7 +48,7 @@ def summarize_run(case: Case, state: dict[str, Any], score: Score, seconds: floa
         answer=state.get("answer", ""),
         score=score.value,
         reason=score.reason,
-        steps=state.get("step", 0),
+        turns=state.get("turn", 0),
         tools=[r["tool"] for r in memory if r.get("kind") == "action"],
         format_errors=sum(r.get("kind") == "format_error" for r in memory),
         seconds=round(seconds, 3),
@@ -125,7 +125,7 @@ def run_eval(
                 answer="",
                 score=0.0,
                 reason="run failed",
-                steps=0,
+                turns=0,
                 seconds=round(time.perf_counter() - start, 3),
                 error=f"{type(exc).__name__}: {exc}",
             )

@@ -31,19 +31,19 @@ def summarize(
     paper: float | None = None,
     paper_untrained: float | None = None,
 ) -> dict[str, Any]:
-    """Accuracy with its 95% interval, steps, tool shares, format-error rate, time per case."""
+    """Accuracy with its 95% interval, turns, tool shares, format-error rate, time per case."""
     n = len(results)
     total = sum(r.score for r in results)
     low, high = wilson_interval(total, n)
     tools = Counter(tool for r in results for tool in r.tools)
     calls = sum(tools.values())
-    turns = sum(r.steps for r in results)
+    turns = sum(r.turns for r in results)
     return {
         "benchmark": benchmark,
         "cases": n,
         "accuracy": round(100 * total / n, 2) if n else 0.0,
         "accuracy_ci95": [round(100 * low, 2), round(100 * high, 2)],
-        "mean_steps": round(turns / n, 3) if n else 0.0,
+        "mean_turns": round(turns / n, 3) if n else 0.0,
         "tool_usage": {t: round(c / calls, 4) for t, c in tools.most_common()} if calls else {},
         "format_error_rate": round(sum(r.format_errors for r in results) / turns, 4)
         if turns
@@ -74,25 +74,25 @@ def to_markdown(summary: dict[str, Any], results: Sequence[CaseResult]) -> str:
         )
     usage = ", ".join(f"{t} {100 * s:.0f}%" for t, s in summary["tool_usage"].items()) or "none"
     lines += [
-        f"| mean steps | {summary['mean_steps']:.2f} |",
+        f"| mean turns | {summary['mean_turns']:.2f} |",
         f"| tool usage | {usage} |",
         f"| format-error rate | {100 * summary['format_error_rate']:.1f}% of planner turns |",
         f"| seconds per case | {summary['seconds_per_case']:.1f} |",
         f"| terminations | {summary['terminations']} |",
         f"| failed runs | {summary['failed_runs']} |",
         "",
-        "| id | score | steps | answer | reason |",
+        "| id | score | turns | answer | reason |",
         "|---|---|---|---|---|",
     ]
     for r in results:
         answer = " ".join(str(r.answer).split())[:60].replace("|", "\\|")
         reason = " ".join(str(r.error or r.reason).split())[:80].replace("|", "\\|")
-        lines.append(f"| {r.id} | {r.score:.2f} | {r.steps} | {answer} | {reason} |")
+        lines.append(f"| {r.id} | {r.score:.2f} | {r.turns} | {answer} | {reason} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(summary: dict[str, Any], results: Sequence[CaseResult], path: Path) -> None:
-    """Plot accuracy beside the paper's figures, and the distribution of steps."""
+    """Plot accuracy beside the paper's figures, and the distribution of turns."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,12 +121,12 @@ def plot(summary: dict[str, Any], results: Sequence[CaseResult], path: Path) -> 
     left.set_ylim(0, 100)
     left.set_ylabel("accuracy (%)")
     left.set_title(f"{summary['benchmark'] or 'eval'}: accuracy (n={summary['cases']})")
-    steps = [r.steps for r in results]
-    top = max(steps, default=0)
-    right.hist(steps, bins=range(0, top + 2), align="left", rwidth=0.8, color="#4c72b0")
-    right.set_xlabel("planner steps")
+    turns = [r.turns for r in results]
+    top = max(turns, default=0)
+    right.hist(turns, bins=range(0, top + 2), align="left", rwidth=0.8, color="#4c72b0")
+    right.set_xlabel("planner turns")
     right.set_ylabel("cases")
-    right.set_title(f"steps per case (mean {summary['mean_steps']:.2f})")
+    right.set_title(f"turns per case (mean {summary['mean_turns']:.2f})")
     fig.tight_layout()
     _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)

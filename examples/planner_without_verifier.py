@@ -1,7 +1,7 @@
 """Compose a variant of the flow from flowlearn's parts: no verifier, a fixed number of turns.
 
 The planner loops straight back to itself after each tool call, and its own budget check
-(`Context.max_steps`) ends the loop; the generator then answers. Run it with
+(`Context.max_turns`) ends the loop; the generator then answers. Run it with
 `python examples/planner_without_verifier.py`; it uses LangChain's scripted fake chat models so it
 needs no weights. Swap in `HFPolicy` / your own chat model for real use.
 """
@@ -66,7 +66,7 @@ def main() -> None:
     graph = build_graph(ChatModelPolicy(planner), engine, [multiply])
     final: dict[str, Any] = {}
     for update in graph.stream(
-        {"question": "What is 17 * 23?"}, context=Context(max_steps=2), stream_mode="updates"
+        {"question": "What is 17 * 23?"}, context=Context(max_turns=2), stream_mode="updates"
     ):
         node, values = next(iter(update.items()))
         print(node)

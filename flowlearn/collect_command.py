@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.flow_setup import UsageError, add_flow_options, build_flow
+from flowlearn.nodes.schema import token_faithful
 
 
 def add_parser(commands: Any) -> None:
@@ -42,7 +43,7 @@ def add_parser(commands: Any) -> None:
         default=0.0,
         help="subtract this times the share of unparseable planner turns",
     )
-    add_flow_options(parser, max_steps=3)
+    add_flow_options(parser, max_turns=3)
 
 
 def collect_command(args: argparse.Namespace) -> int:
@@ -70,7 +71,8 @@ def collect_command(args: argparse.Namespace) -> int:
         reward_errors=args.reward_errors,
     )
     faithful = sum(
-        all(t.token_faithful for t in x.transitions if t.node == "planner") for x in trajectories
+        all(token_faithful(t) for t in x.transitions if t["node"] == "planner")
+        for x in trajectories
     )
     mean = sum(t.total_reward for t in trajectories) / max(len(trajectories), 1)
     print(

@@ -60,7 +60,7 @@ def eval_command(args: argparse.Namespace) -> int:
     low, high = summary["accuracy_ci95"]
     print(
         f"{name}: accuracy {summary['accuracy']:.1f}% (95% CI {low:.1f} to {high:.1f}) over "
-        f"{summary['cases']} cases, {summary['mean_steps']:.2f} steps per case"
+        f"{summary['cases']} cases, {summary['mean_turns']:.2f} turns per case"
     )
     print(f"reports: {out / 'report.json'}, {out / 'report.md'}, {out / 'report.png'}")
     return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,28 @@ class UsageError(ValueError):
     """A bad option value; the CLI prints it and exits with status 2."""
 
 
-def add_flow_options(parser: argparse.ArgumentParser, *, max_steps: int = 10) -> None:
+class DeprecatedAlias(argparse.Action):
+    """Store the value under the new option's name and warn that the old spelling is going."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        """Warn once, then store the value as the new option would."""
+        new = "--" + str(self.dest).replace("_", "-")
+        warnings.warn(
+            f"{option_string} is deprecated; use {new} (planner turns)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        print(f"warning: {option_string} is deprecated; use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int = 10) -> None:
     """Add the model, sampling, budget and tool options."""
     models = parser.add_argument_group("models")
     models.add_argument("--planner", help="planner model: hub id, local folder or .gguf file")
@@ -29,7 +52,14 @@ def add_flow_options(parser: argparse.ArgumentParser, *, max_steps: int = 10) ->
     )
     flow = parser.add_argument_group("flow")
     flow.add_argument(
-        "--max-steps", type=int, default=max_steps, help=f"planner turns allowed ({max_steps})"
+        "--max-turns", type=int, default=max_turns, help=f"planner turns allowed ({max_turns})"
+    )
+    flow.add_argument(
+        "--max-steps",
+        type=int,
+        dest="max_turns",
+        action=DeprecatedAlias,
+        help="deprecated alias of --max-turns",
     )
     flow.add_argument("--max-seconds", type=float, help="wall-clock budget per question")
     flow.add_argument("--temperature", type=float, default=0.7, help="planner temperature (0.7)")
@@ -68,7 +98,7 @@ def build_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flow:
 
     try:
         context = Context(
-            max_steps=args.max_steps,
+            max_turns=args.max_turns,
             max_seconds=args.max_seconds,
             planner_temperature=args.temperature,
             planner_top_p=args.top_p,

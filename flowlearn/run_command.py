@@ -1,4 +1,4 @@
-"""`flowlearn run "QUESTION"`: answer one question, printing each step as it happens."""
+"""`flowlearn run "QUESTION"`: answer one question, printing each turn as it happens."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def add_parser(commands: Any) -> None:
         "run",
         help="answer a question with the AgentFlow flow",
         description="Answer a question with planner -> executor -> verifier -> generator, "
-        "printing each step as it happens. Runs offline on the embedded SmolLM2-135M-Instruct "
+        "printing each turn as it happens. Runs offline on the embedded SmolLM2-135M-Instruct "
         "unless --planner/--engine (or $FLOWLEARN_PLANNER/$FLOWLEARN_ENGINE) name other models.",
     )
     run.add_argument("question", nargs="?", help="the question to answer")
@@ -43,7 +43,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Build the flow on local models and answer one question, streaming its steps."""
+    """Build the flow on local models and answer one question, streaming its turns."""
     if args.save is not None and args.save.is_dir():
         raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
     if args.resume and not args.thread:
@@ -86,8 +86,8 @@ def answer(args: argparse.Namespace, flow: Any, saver: Any, config: Any) -> int:
     start = time.perf_counter()
     inputs = None if args.resume else {"question": args.question}
     if args.resume:
-        step = flow.graph.get_state(config).values.get("step", 0)
-        print(f"resuming thread {args.thread} after step {step}")
+        turn = flow.graph.get_state(config).values.get("turn", 0)
+        print(f"resuming thread {args.thread} after turn {turn}")
     stream = flow.graph.stream(
         inputs, config, context=flow.context, stream_mode=["updates", "values"]
     )
@@ -99,7 +99,7 @@ def answer(args: argparse.Namespace, flow: Any, saver: Any, config: Any) -> int:
                 print_update(node, update or {})
     print(f"\nAnswer: {state.get('answer', '')}")
     print(
-        f"({state.get('termination')}, {state.get('step', 0)} steps, "
+        f"({state.get('termination')}, {state.get('turn', 0)} turns, "
         f"{time.perf_counter() - start:.1f} s)"
     )
     if args.save is not None:
@@ -115,22 +115,22 @@ def print_update(node: str, update: dict[str, Any]) -> None:
             print(f"[analysis] {_short(update['analysis'], 300)}")
         plan = update.get("plan")
         if plan:
-            print(f"[step {plan['step']}] planner: {_short(plan['sub_goal'])} -> {plan['tool']}")
+            print(f"[turn {plan['turn']}] planner: {_short(plan['sub_goal'])} -> {plan['tool']}")
         elif update.get("termination"):
             print(f"[budget] {update['termination']} reached")
         elif update.get("memory"):
             record = update["memory"][0]
-            print(f"[step {record['step']}] planner: format error ({record.get('error')})")
+            print(f"[turn {record['turn']}] planner: format error ({record.get('error')})")
     elif node == "executor":
         record = update["memory"][0]
         outcome = f"error: {record['error']}" if record.get("error") else record.get("result")
         args = json.dumps(record.get("arguments"), ensure_ascii=False)
         print(
-            f"[step {record['step']}] {record['tool']}({_short(args, 120)}) -> "
+            f"[turn {record['turn']}] {record['tool']}({_short(args, 120)}) -> "
             f"{_short(str(outcome))}"
         )
     elif node == "verifier":
-        print(f"[step {update['memory'][0]['step']}] verifier: {update.get('verdict')}")
+        print(f"[turn {update['memory'][0]['turn']}] verifier: {update.get('verdict')}")
 
 
 def save_run(path: Path, state: dict[str, Any], context: dict[str, Any]) -> None:

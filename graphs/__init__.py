@@ -1,16 +1,30 @@
-"""The AgentFlow graph: shared-memory state, run context, routers and the builder."""
+"""The AgentFlow graph: routers and the builder, with the schema (state, context, records)."""
 
 from flowlearn.graphs.agentflow import as_policy, build_agentflow
-from flowlearn.graphs.context import Context
 from flowlearn.graphs.embedding import as_tool, subgraph_node
 from flowlearn.graphs.routing import route_after_planner, route_after_verifier
-from flowlearn.graphs.state import InputState, State, Termination
+from flowlearn.nodes.schema import (
+    Context,
+    Generation,
+    InputState,
+    Plan,
+    Sampling,
+    State,
+    StepRecord,
+    Termination,
+    Transition,
+)
 
 __all__ = [
     "Context",
+    "Generation",
     "InputState",
+    "Plan",
+    "Sampling",
     "State",
+    "StepRecord",
     "Termination",
+    "Transition",
     "as_policy",
     "as_tool",
     "build_agentflow",

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
 
-from flowlearn.graphs.context import Context
 from flowlearn.graphs.routing import route_after_planner, route_after_verifier
-from flowlearn.graphs.state import InputState, State
 from flowlearn.nodes.executor import make_executor
 from flowlearn.nodes.generator import make_generator
 from flowlearn.nodes.planner import make_planner
 from flowlearn.nodes.policy import ChatModelPolicy, Policy
 from flowlearn.nodes.render import is_transient, last_attempt_records_errors
+from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.state import InputState, State
 from flowlearn.nodes.verifier import make_verifier
 
 if TYPE_CHECKING:
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
     from langgraph.checkpoint.base import BaseCheckpointSaver
     from langgraph.graph.state import CompiledStateGraph
-
 
 ENGINE_RETRY = RetryPolicy(
     initial_interval=0.5, backoff_factor=2.0, max_attempts=3, jitter=True, retry_on=is_transient

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from flowlearn.graphs.state import State
+from flowlearn.nodes.schema.state import State
 
 
 def route_after_planner(state: State) -> Literal["executor", "planner", "generator"]:
     """Send a parsed turn to the executor, a format error back to the planner, a spent budget on.
 
-    A turn whose output did not parse still counted as a step; the planner checks the budget
+    A turn whose output did not parse still counted as a turn; the planner checks the budget
     again before its next turn.
     """
     if state.get("termination"):

@@ -11,20 +11,33 @@ from flowlearn.nodes.parsing import (
     parse_verdict,
 )
 from flowlearn.nodes.planner import make_planner
-from flowlearn.nodes.policy import ChatModelPolicy, Generation, Policy, Sampling
-from flowlearn.nodes.records import Plan, StepRecord, Transition
+from flowlearn.nodes.policy import ChatModelPolicy, Policy
 from flowlearn.nodes.render import policy_transition
+from flowlearn.nodes.schema import (
+    Context,
+    Generation,
+    InputState,
+    Plan,
+    Sampling,
+    State,
+    StepRecord,
+    Transition,
+    token_faithful,
+)
 from flowlearn.nodes.server_policy import ServerPolicy
 from flowlearn.nodes.verifier import make_verifier
 
 __all__ = [
     "ChatModelPolicy",
+    "Context",
     "Generation",
+    "InputState",
     "Plan",
     "PlannerDecision",
     "Policy",
     "Sampling",
     "ServerPolicy",
+    "State",
     "StepRecord",
     "Transition",
     "describe_tool",
@@ -38,4 +51,5 @@ __all__ = [
     "parse_verdict",
     "policy_transition",
     "render_catalogue",
+    "token_faithful",
 ]

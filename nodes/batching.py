@@ -25,7 +25,7 @@ from typing import Any
 
 from flowlearn.nodes.cpu_linear import TransposedLinears
 from flowlearn.nodes.hf_policy import HFPolicy
-from flowlearn.nodes.policy import Generation, Messages, Sampling
+from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
 IDLE_EXIT_S = 5.0
 """A batching worker with nothing to decode for this long ends; the next call starts one."""

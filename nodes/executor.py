@@ -17,7 +17,6 @@ from langchain_core.tools import BaseTool
 from flowlearn.nodes.catalogue import describe_tool, tool_arguments
 from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.prompts import EXECUTOR_JSON_FALLBACK_PROMPT, EXECUTOR_PROMPT
-from flowlearn.nodes.records import ParseStatus, StepRecord
 from flowlearn.nodes.render import (
     emit,
     engine_error,
@@ -26,13 +25,13 @@ from flowlearn.nodes.render import (
     transition,
     truncate,
 )
+from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.records import ParseStatus, StepRecord
+from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
     from langgraph.runtime import Runtime
-
-    from flowlearn.graphs.context import Context
-    from flowlearn.graphs.state import State
 
 _JSON_DECODER = json.JSONDecoder()
 
@@ -122,7 +121,6 @@ def make_executor(
     by_name = {tool.name: tool for tool in tools}
 
     def executor(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        from flowlearn.graphs.context import Context
 
         context = runtime.context or Context()
         plan = state.get("plan")
@@ -147,7 +145,7 @@ def make_executor(
             arguments, status, raw = None, "error", engine_error(exc)
         call_seconds = time.perf_counter() - start
         record: StepRecord = {
-            "step": plan["step"],
+            "turn": plan["turn"],
             "kind": "action",
             "sub_goal": plan["sub_goal"],
             "context": plan["context"],
@@ -158,7 +156,7 @@ def make_executor(
         }
         rejected = False
         if arguments is not None and context.approve_tools:
-            reviewed = review(plan["step"], tool.name, plan["sub_goal"], arguments)
+            reviewed = review(plan["turn"], tool.name, plan["sub_goal"], arguments)
             rejected = reviewed is None
             record["arguments"] = arguments = reviewed or arguments
         start = time.perf_counter()
@@ -181,7 +179,7 @@ def make_executor(
             runtime,
             {
                 "event": "tool",
-                "step": plan["step"],
+                "turn": plan["turn"],
                 "tool": tool.name,
                 "arguments": arguments,
                 "ok": record["error"] is None,
@@ -191,14 +189,14 @@ def make_executor(
         return {
             "memory": [record],
             "transitions": [
-                transition("executor", plan["step"], messages, raw, status, call_seconds)
+                transition("executor", plan["turn"], messages, raw, status, call_seconds)
             ],
         }
 
     return executor
 
 
-def review(step: int, tool: str, sub_goal: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+def review(turn: int, tool: str, sub_goal: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
     """Pause the run for a human decision on a tool call (LangGraph `interrupt`).
 
     The resume value approves (`True`), rejects (`False` or `{"approve": False}`), or edits
@@ -208,7 +206,7 @@ def review(step: int, tool: str, sub_goal: str, arguments: dict[str, Any]) -> di
 
     decision = interrupt(
         {
-            "step": step,
+            "turn": turn,
             "tool": tool,
             "sub_goal": sub_goal,
             "arguments": arguments,

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Any
 from flowlearn.nodes.parsing import extract_answer
 from flowlearn.nodes.prompts import GENERATOR_PROMPT
 from flowlearn.nodes.render import call_engine, emit, memory_prompt, transition
+from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
     from langgraph.runtime import Runtime
-
-    from flowlearn.graphs.context import Context
-    from flowlearn.graphs.state import State
 
 
 def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
@@ -29,7 +28,7 @@ def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
             text, answer, tagged = error, "", False
         emit(runtime, {"event": "answer", "answer": answer, "tagged": tagged})
         started = state.get("started_at")
-        step = state.get("step", 0)
+        turn = state.get("turn", 0)
         return {
             "final_text": text,
             "answer": answer,
@@ -38,7 +37,7 @@ def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
             "transitions": [
                 transition(
                     "generator",
-                    step,
+                    turn,
                     messages,
                     text,
                     "error" if error else "ok" if tagged else "no_answer_tags",

@@ -28,7 +28,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
 
 from flowlearn.nodes.hf_policy import HFPolicy, stream_text
-from flowlearn.nodes.policy import Messages, Sampling
+from flowlearn.nodes.schema.sampling import Messages, Sampling
 
 TOOL_CALL_INSTRUCTIONS = """\
 You can call these tools:

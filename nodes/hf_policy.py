@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from flowlearn.nodes.hf_loading import load_model_and_tokenizer
-from flowlearn.nodes.policy import Generation, Messages, Sampling
+from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
 logger = logging.getLogger(__name__)
 

@@ -10,9 +10,8 @@ from langchain_core.tools import BaseTool
 
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
-from flowlearn.nodes.policy import Policy, Sampling
+from flowlearn.nodes.policy import Policy
 from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
-from flowlearn.nodes.records import ParseStatus
 from flowlearn.nodes.render import (
     call_engine,
     emit,
@@ -22,13 +21,14 @@ from flowlearn.nodes.render import (
     summarize,
     transition,
 )
+from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.records import ParseStatus
+from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
     from langgraph.runtime import Runtime
-
-    from flowlearn.graphs.context import Context
-    from flowlearn.graphs.state import State
 
 
 def enabled_tools(tools: Sequence[BaseTool], names: Sequence[str] | None) -> list[BaseTool]:
@@ -51,9 +51,9 @@ def enabled_tools(tools: Sequence[BaseTool], names: Sequence[str] | None) -> lis
 
 
 def spent_budget(state: State, context: Context, now: float) -> str | None:
-    """Return why the budget is spent ("max_steps" or "max_seconds"), or None."""
-    if state.get("step", 0) >= context.max_steps:
-        return "max_steps"
+    """Return why the budget is spent ("max_turns" or "max_seconds"), or None."""
+    if state.get("turn", 0) >= context.max_turns:
+        return "max_turns"
     started = state.get("started_at")
     limit = context.max_seconds
     if limit is not None and started is not None and now - started >= limit:
@@ -90,7 +90,6 @@ def make_planner(
         return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))
 
     def planner(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        from flowlearn.graphs.context import Context
 
         context = runtime.context or Context()
         if not str(state.get("question") or "").strip():
@@ -99,17 +98,12 @@ def make_planner(
         started = state.get("started_at", now)
         reason = spent_budget({**state, "started_at": started}, context, now)
         if reason is not None:
-            emit(runtime, {"event": "budget", "step": state.get("step", 0), "reason": reason})
+            emit(runtime, {"event": "budget", "turn": state.get("turn", 0), "reason": reason})
             return {"termination": reason, "plan": None}
 
         available = enabled_tools(tools, context.tools)
         catalogue = render_catalogue(available)
-        sampling = Sampling(
-            temperature=context.planner_temperature,
-            top_p=context.planner_top_p,
-            max_new_tokens=context.planner_max_new_tokens,
-            seed=context.seed,
-        )
+        sampling = context.planner_sampling()
         update: dict[str, Any] = {"started_at": started, "transitions": []}
         analysis = state.get("analysis")
         if not analysis:
@@ -117,15 +111,15 @@ def make_planner(
             update["analysis"] = analysis
             update["transitions"].append(record)
 
-        step = state.get("step", 0) + 1
+        turn = state.get("turn", 0) + 1
         messages = prompt_messages(
             PLANNER_PROMPT.format(
                 question=state["question"],
                 analysis=analysis,
                 tools=catalogue,
                 memory=render_memory(state.get("memory", [])),
-                step=step,
-                max_steps=context.max_steps,
+                turn=turn,
+                max_turns=context.max_turns,
                 tool_names=", ".join(tool.name for tool in available),
             )
         )
@@ -140,17 +134,17 @@ def make_planner(
                 f"choose one of {[t.name for t in available]}"
             )
             status = "unknown_tool"
-        update["step"] = step
-        update["transitions"].append(policy_transition("planner", step, messages, gen, status))
+        update["turn"] = turn
+        update["transitions"].append(policy_transition("planner", turn, messages, gen, status))
         if error is not None or tool is None:
             update["plan"] = None
             update["memory"] = [
-                {"step": step, "kind": "format_error", "error": error, "result": gen.text[:500]}
+                {"turn": turn, "kind": "format_error", "error": error, "result": gen.text[:500]}
             ]
-            emit(runtime, {"event": "planner", "step": step, "ok": False, "error": error})
+            emit(runtime, {"event": "planner", "turn": turn, "ok": False, "error": error})
             return update
         update["plan"] = {
-            "step": step,
+            "turn": turn,
             "justification": decision.justification,
             "context": decision.context,
             "sub_goal": decision.sub_goal,
@@ -160,7 +154,7 @@ def make_planner(
             runtime,
             {
                 "event": "planner",
-                "step": step,
+                "turn": turn,
                 "ok": True,
                 "sub_goal": summarize(decision.sub_goal),
                 "tool": tool,

@@ -34,7 +34,7 @@ Available tools:
 Memory of previous steps:
 {memory}
 
-This is step {step} of at most {max_steps}.
+This is step {turn} of at most {max_turns}.
 
 Reply in exactly this format, one field per line:
 Justification: <why this step is the right one now>

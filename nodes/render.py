@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.prompts import EMPTY_MEMORY, SYSTEM_PROMPT
-from flowlearn.nodes.records import ParseStatus, StepRecord, Transition
+from flowlearn.nodes.schema.records import ParseStatus, StepRecord, Transition
+from flowlearn.nodes.schema.sampling import Generation
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
-
-    from flowlearn.nodes.policy import Generation
 
 
 def render_memory(memory: Sequence[StepRecord]) -> str:
@@ -26,7 +25,7 @@ def render_memory(memory: Sequence[StepRecord]) -> str:
     lines = []
     for record in memory:
         kind = record["kind"]
-        head = f"Step {record['step']}"
+        head = f"Step {record['turn']}"
         if kind == "action":
             arguments = json.dumps(record.get("arguments"), ensure_ascii=False, default=str)
             outcome = (

@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any, Literal
 
-from flowlearn.nodes.policy import Generation, Messages, Sampling
+from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
 LogprobsMode = Literal["processed", "raw"]
 

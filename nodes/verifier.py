@@ -8,20 +8,19 @@ from typing import TYPE_CHECKING, Any
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.prompts import VERIFIER_PROMPT
 from flowlearn.nodes.render import call_engine, emit, memory_prompt, transition
+from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
     from langgraph.runtime import Runtime
-
-    from flowlearn.graphs.context import Context
-    from flowlearn.graphs.state import State
 
 
 def make_verifier(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
     """Build the verifier node over the fixed engine."""
 
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        step = state.get("step", 0)
+        turn = state.get("turn", 0)
         messages = memory_prompt(VERIFIER_PROMPT, state)
         text, seconds, error = call_engine(engine, messages)
         verdict, clear = parse_verdict(text)
@@ -30,12 +29,12 @@ def make_verifier(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
         update: dict[str, Any] = {
             "verdict": verdict,
             "memory": [
-                {"step": step, "kind": "verification", "analysis": text, "verdict": verdict}
+                {"turn": turn, "kind": "verification", "analysis": text, "verdict": verdict}
             ],
             "transitions": [
                 transition(
                     "verifier",
-                    step,
+                    turn,
                     messages,
                     text,
                     "error" if error else "ok" if clear else "unclear",
@@ -43,7 +42,7 @@ def make_verifier(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
                 )
             ],
         }
-        emit(runtime, {"event": "verdict", "step": step, "verdict": verdict, "clear": clear})
+        emit(runtime, {"event": "verdict", "turn": turn, "verdict": verdict, "clear": clear})
         if verdict == "STOP":
             update["termination"] = "engine_error" if error else "verifier_stop"
         return update

@@ -33,7 +33,7 @@ def main(db: str, log: str, delay: float) -> None:
             ScriptedPolicy([plan("step_tool")]), engine, [step_tool], checkpointer=saver
         )
         resume = saver.get_tuple(config) is not None
-        graph.invoke(None if resume else {"question": "q"}, config, context=Context(max_steps=4))
+        graph.invoke(None if resume else {"question": "q"}, config, context=Context(max_turns=4))
 
 
 if __name__ == "__main__":

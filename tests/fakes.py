@@ -13,7 +13,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
-from flowlearn.nodes.policy import Generation, Messages, Sampling
+from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
 
 class ScriptedPolicy:

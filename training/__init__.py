@@ -3,6 +3,7 @@
 Importing this package stays light (no torch or trl); the trainer loads them itself.
 """
 
+from flowlearn.nodes.schema import Transition
 from flowlearn.training.collect import collect, format_penalty, rollout_id
 from flowlearn.training.flow_grpo import (
     FlowGRPOBatch,
@@ -18,7 +19,7 @@ from flowlearn.training.store import (
     read_parquet,
     to_dataset,
 )
-from flowlearn.training.trajectory import SCHEMA_VERSION, Trajectory, Transition
+from flowlearn.training.trajectory import SCHEMA_VERSION, Trajectory
 
 __all__ = [
     "SCHEMA_VERSION",

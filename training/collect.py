@@ -23,8 +23,8 @@ def format_penalty(weight: float = 0.1) -> RewardTerm:
     """Return a reward term of `-weight` times the share of planner turns that did not parse."""
 
     def penalty(trajectory: Trajectory) -> float:
-        turns = [t for t in trajectory.transitions if t.node == "planner"]
-        bad = sum(t.parse_status != "ok" for t in turns)
+        turns = [t for t in trajectory.transitions if t["node"] == "planner"]
+        bad = sum(t["parse_status"] != "ok" for t in turns)
         return -weight * bad / len(turns) if turns else 0.0
 
     return penalty

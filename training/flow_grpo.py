@@ -19,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from flowlearn.training.trajectory import Trajectory, Transition
+from flowlearn.nodes.schema.records import Transition, token_faithful
+from flowlearn.training.trajectory import Trajectory
 
 Mode = Literal["paper", "official", "sequence"]
 Scale = Literal["group", "batch", "none"]
@@ -73,10 +74,11 @@ def _std(values: Sequence[float]) -> float:
 
 
 def _check(transition: Transition) -> None:
-    if not transition.token_faithful:
+    if not token_faithful(transition):
         raise ValueError(
-            f"{transition.node} transition of trajectory {transition.trajectory_id!r} turn "
-            f"{transition.turn} has no token ids/logprobs: its policy was a plain chat model "
+            f"{transition['node']} transition of trajectory "
+            f"{transition.get('trajectory_id')!r} turn "
+            f"{transition['turn']} has no token ids/logprobs: its policy was a plain chat model "
             "(inference only). Collect rollouts with HFPolicy (or another token-faithful "
             "Policy) to train on them; text is never re-tokenised."
         )
@@ -130,12 +132,15 @@ def build_flow_grpo_rows(
         for trajectory in members:
             kept = []
             for transition in trajectory.transitions:
-                if nodes is None and transition.completion_ids is None:
+                if nodes is None and transition.get("completion_ids") is None:
                     continue
-                if nodes is not None and transition.node not in nodes:
+                if nodes is not None and transition["node"] not in nodes:
                     continue
                 _check(transition)
-                if max_prompt_length and len(transition.prompt_ids or []) > max_prompt_length:
+                if (
+                    max_prompt_length
+                    and len(transition.get("prompt_ids") or []) > max_prompt_length
+                ):
                     stats["dropped_rows"] += 1
                     continue
                 kept.append(transition)
@@ -152,8 +157,8 @@ def build_flow_grpo_rows(
         for trajectory in members:
             for transition in turns[trajectory.trajectory_id]:
                 # Rows share the transitions' id lists (read-only downstream): no copies.
-                completion = transition.completion_ids or []
-                logprobs = transition.logprobs or []
+                completion = transition.get("completion_ids") or []
+                logprobs = transition.get("logprobs") or []
                 if max_completion_length and len(completion) > max_completion_length:
                     completion = completion[:max_completion_length]
                     logprobs = logprobs[:max_completion_length]
@@ -162,14 +167,14 @@ def build_flow_grpo_rows(
                     FlowGRPORow(
                         trajectory_id=trajectory.trajectory_id,
                         group_id=group_id,
-                        turn=transition.turn,
-                        prompt_ids=transition.prompt_ids or [],
+                        turn=transition["turn"],
+                        prompt_ids=transition.get("prompt_ids") or [],
                         completion_ids=completion,
                         old_logprobs=logprobs,
                         advantage=advantages[trajectory.trajectory_id],
                         token_weight=0.0,
                         reward=trajectory.total_reward,
-                        node=transition.node,
+                        node=transition["node"],
                     )
                 )
     if step_credit is not None:
@@ -228,7 +233,7 @@ def _add_step_credit(
     """Add normalised discounted returns within step groups; return how many groups had > 1."""
     rewards = {t.trajectory_id: t.total_reward for m in groups.values() for t in m}
     position = {
-        (tid, transition.turn): (index, len(kept))
+        (tid, transition["turn"]): (index, len(kept))
         for tid, kept in turns.items()
         for index, transition in enumerate(kept, 1)
     }

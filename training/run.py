@@ -67,9 +67,9 @@ def train(config: TrainConfig) -> Path:
             )
     import torch
 
-    from flowlearn.graphs.context import Context
     from flowlearn.nodes.hf_chat import HFChatModel
     from flowlearn.nodes.hf_loading import load_model_and_tokenizer
+    from flowlearn.nodes.schema.context import Context
     from flowlearn.nodes.tools import default_tools
     from flowlearn.training.collect import format_penalty
     from flowlearn.training.flow_grpo import StepCredit
@@ -92,7 +92,7 @@ def train(config: TrainConfig) -> Path:
             ),
         )
     context = Context(
-        max_steps=config.max_turns,
+        max_turns=config.max_turns,
         planner_temperature=config.planner_temperature,
         planner_max_new_tokens=config.planner_max_new_tokens,
         tools=tuple(config.tools) if config.tools else None,

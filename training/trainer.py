@@ -29,10 +29,10 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs.agentflow import build_agentflow
-from flowlearn.graphs.context import Context
 from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.hf_policy import HFPolicy
 from flowlearn.nodes.policy import Policy
+from flowlearn.nodes.schema.context import Context
 from flowlearn.training.collect import collect
 from flowlearn.training.flow_grpo import Mode, Scale, StepCredit, build_flow_grpo_rows
 from flowlearn.training.metrics import FlowMetricsCallback
@@ -122,7 +122,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             ValueError: neither or both sources, or sampling settings that disagree.
 
         """
-        self.flow_context = context or Context(max_steps=3)
+        self.flow_context = context or Context(max_turns=3)
         if (trajectories is None) == (not cases):
             raise ValueError(
                 "give cases (online: rollouts through the flow) or trajectories "
@@ -300,12 +300,12 @@ class FlowGRPOTrainer(GRPOTrainer):
             t
             for trajectory in trajectories
             for t in trajectory.transitions
-            if t.completion_ids is not None
+            if t.get("completion_ids") is not None
         ]
-        bad = sum(t.parse_status != "ok" for t in turns)
+        bad = sum(t["parse_status"] != "ok" for t in turns)
         metrics["flow/format_error_rate"].append(bad / len(turns) if turns else 0.0)
         metrics["flow/completion_length"].append(
-            sum(len(t.completion_ids or []) for t in turns) / len(turns) if turns else 0.0
+            sum(len(t.get("completion_ids") or []) for t in turns) / len(turns) if turns else 0.0
         )
         metrics["flow/rollout_seconds"].append(seconds)
         groups: dict[str, list[float]] = {}

@@ -1,47 +1,15 @@
-"""Transitions and trajectories: the records rollouts produce and training consumes."""
+"""Trajectories: one rollout with its outcome, holding the transitions training consumes."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
-SCHEMA_VERSION = 1
+from flowlearn.nodes.schema.records import Transition
 
-
-@dataclass
-class Transition:
-    """One model call of one node in one rollout (DESIGN.md section 6).
-
-    For the planner's policy, `prompt_ids`, `completion_ids` and `logprobs` are the exact tokens
-    fed and sampled and their log-probabilities under the sampling distribution; training uses
-    them as they are and never re-tokenises `messages` or `output`.
-    """
-
-    trajectory_id: str
-    group_id: str
-    node: str
-    turn: int
-    messages: list[dict[str, str]]
-    output: str
-    parse_status: str
-    seconds: float
-    prompt_ids: list[int] | None = None
-    completion_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    policy_version: str | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    """What the backend changed on the way, e.g. a prompt cut to fit the model's window."""
-
-    @property
-    def token_faithful(self) -> bool:
-        """Whether the transition carries the ids and logprobs training needs."""
-        return (
-            bool(self.prompt_ids)
-            and self.completion_ids is not None
-            and (self.logprobs is not None and len(self.logprobs) == len(self.completion_ids))
-        )
+SCHEMA_VERSION = 2
+"""2: `steps` became `turns` (planner turns); version-1 records still load."""
 
 
 @dataclass
@@ -61,7 +29,8 @@ class Trajectory:
     reward_reason: str = ""
     reward_error: str | None = None
     """Set when the scorer failed; the trajectory is kept and marked."""
-    steps: int = 0
+    turns: int = 0
+    """Planner turns taken, format errors included."""
     termination: str | None = None
     seconds: float = 0.0
     memory: list[dict[str, Any]] = field(default_factory=list)
@@ -95,10 +64,10 @@ class Trajectory:
             )
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        values["transitions"] = [
-            t if isinstance(t, Transition) else Transition(**t)
-            for t in values.get("transitions", [])
-        ]
+        if version < 2 and "steps" in data:
+            values["turns"] = data["steps"]
+        values["schema_version"] = SCHEMA_VERSION
+        values["transitions"] = [cast(Transition, dict(t)) for t in values.get("transitions", [])]
         return cls(**values)
 
     def to_json(self) -> str:
@@ -117,7 +86,7 @@ def trajectory_from_state(
 ) -> Trajectory:
     """Turn the flow's final state into an (as yet unrewarded) trajectory."""
     transitions = [
-        Transition(trajectory_id=trajectory_id, group_id=group_id, **dict(t))
+        cast(Transition, {**t, "trajectory_id": trajectory_id, "group_id": group_id})
         for t in state.get("transitions", [])
     ]
     return Trajectory(
@@ -128,7 +97,7 @@ def trajectory_from_state(
         answer=state.get("answer", ""),
         final_text=state.get("final_text", ""),
         reward=0.0,
-        steps=state.get("step", 0),
+        turns=state.get("turn", 0),
         termination=state.get("termination"),
         seconds=state.get("seconds", 0.0),
         memory=[dict(r) for r in state.get("memory", [])],

@@ -25,7 +25,7 @@ def test_default_model_answers_offline(tmp_path: Path, capsys: pytest.CaptureFix
         [
             "run",
             "What is 17 * 23?",
-            "--max-steps",
+            "--max-turns",
             "1",
             "--max-new-tokens",
             "48",
@@ -41,6 +41,6 @@ def test_default_model_answers_offline(tmp_path: Path, capsys: pytest.CaptureFix
     printed = capsys.readouterr().out
     assert "planner: SmolLM2-135M-Instruct@0" in printed and "Answer:" in printed
     run = json.loads(out.read_text())
-    assert run["step"] == 1 and run["final_text"]
+    assert run["turn"] == 1 and run["final_text"]
     turn = next(t for t in run["transitions"] if t["node"] == "planner")
     assert len(turn["completion_ids"]) == len(turn["logprobs"]) > 0

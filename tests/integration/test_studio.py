@@ -81,7 +81,7 @@ def test_langgraph_dev_serves_the_flow(server: str) -> None:
     async def scenario() -> tuple[dict, list[dict]]:
         client = get_client(url=server)
         thread = await client.threads.create()
-        context = {"max_steps": 1, "planner_max_new_tokens": 8}
+        context = {"max_turns": 1, "planner_max_new_tokens": 8}
         state = await client.runs.wait(
             thread["thread_id"],
             "agentflow",
@@ -103,8 +103,8 @@ def test_langgraph_dev_serves_the_flow(server: str) -> None:
 
     state, events = asyncio.run(scenario())
     assert "__error__" not in state, state
-    assert state["step"] == 1 and "answer" in state and state["final_text"] is not None
-    assert state["termination"] in {"max_steps", "verifier_stop"}
+    assert state["turn"] == 1 and "answer" in state and state["final_text"] is not None
+    assert state["termination"] in {"max_turns", "verifier_stop"}
     kinds = [e["event"] for e in events]
     assert kinds[0] == "planner" and kinds[-1] == "answer"
     assert "budget" in kinds or "verdict" in kinds

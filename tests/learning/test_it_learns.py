@@ -39,7 +39,7 @@ from flowlearn.evals.harness import run_eval
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.hf_policy import HFPolicy
-from flowlearn.nodes.policy import Generation, Messages, Sampling
+from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 from flowlearn.nodes.tools import local_search_tool, python_tool
 from flowlearn.training.trainer import FlowGRPOTrainer
 from learning.task import make_cases, scripted_engine, write_corpus
@@ -82,7 +82,7 @@ def held_out_success(
 ) -> float:
     """Greedy success of the model as planner on `cases`."""
     flow = build_agentflow(HFPolicy(model, tokenizer), engine, tools)
-    greedy = Context(max_steps=1, planner_temperature=0.0, planner_max_new_tokens=16)
+    greedy = Context(max_turns=1, planner_temperature=0.0, planner_max_new_tokens=16)
     results = run_eval(flow, cases, scorer, concurrency=1, progress=False, context=greedy)
     return sum(r.score for r in results) / len(results)
 
@@ -94,7 +94,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     recorder = PromptRecorder()
     recording = build_agentflow(recorder, engine, tools)
     for case in train_cases:
-        recording.invoke({"question": case.query}, context=Context(max_steps=1))
+        recording.invoke({"question": case.query}, context=Context(max_turns=1))
     texts = [m["content"] for messages in recorder.prompts for m in messages]
     texts += [FORMAT.format(tool=t) for t in TOOLS] * 20
     model, tokenizer = build_policy(tmp_path / "policy", texts, SEED)
@@ -139,7 +139,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
         tools=tools,
         scorer=scorer,
         cases=train_cases,
-        context=Context(max_steps=1, planner_temperature=1.0, planner_max_new_tokens=16),
+        context=Context(max_turns=1, planner_temperature=1.0, planner_max_new_tokens=16),
         processing_class=tokenizer,
         callbacks=[StopWhenLearned()],
     )

@@ -14,7 +14,7 @@ from flowlearn.evals.scorers import exact_match
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.hf_policy import HFPolicy
-from flowlearn.nodes.policy import Sampling
+from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training import TrajectoryStore, collect
 
 WINDOW = 256
@@ -40,7 +40,7 @@ def test_a_huge_question_is_cut_to_the_window_with_a_note(
     if batched:
         policy = BatchingPolicy(policy, max_wait_s=0.0)
     graph = build_agentflow(policy, engine(), [calculator])
-    context = Context(max_steps=1, planner_max_new_tokens=16)
+    context = Context(max_turns=1, planner_max_new_tokens=16)
     state = graph.invoke({"question": HUGE}, context=context)
     turns = [t for t in state["transitions"] if t.get("completion_ids") is not None]
     assert turns, "the policy was called"
@@ -73,7 +73,7 @@ def test_a_token_budget_that_leaves_no_room_is_an_error(tiny_model_dir: Path) ->
 def test_an_empty_question_is_a_clear_error(question: str, tmp_path: Path) -> None:
     graph = build_agentflow(ScriptedPolicy([plan("calculator")]), engine(), [calculator])
     with pytest.raises(ValueError, match="question is empty"):
-        graph.invoke({"question": question}, context=Context(max_steps=1))
+        graph.invoke({"question": question}, context=Context(max_turns=1))
     store = TrajectoryStore(tmp_path / "t.jsonl")
     cases = [Case("ok", "What is 2 + 2?", "4"), Case("blank", question, "4")]
     with pytest.raises(ValueError, match=r"\['blank'\] have an empty query"):

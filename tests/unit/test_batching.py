@@ -13,7 +13,7 @@ import torch
 from flowlearn.nodes import batching
 from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.hf_policy import HFPolicy
-from flowlearn.nodes.policy import Generation, Sampling
+from flowlearn.nodes.schema.sampling import Generation, Sampling
 
 PROMPTS = ["What is 17 * 23?", "Capital of France?", "Tool Name: python", "Hi"]
 

@@ -19,7 +19,7 @@ def test_run_streams_steps_and_saves_a_token_faithful_trajectory(
         "What is 17 * 23?",
         "--planner",
         str(tiny_model_dir),
-        "--max-steps",
+        "--max-turns",
         "2",
         "--max-new-tokens",
         "16",
@@ -32,12 +32,12 @@ def test_run_streams_steps_and_saves_a_token_faithful_trajectory(
     ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "[analysis]" in printed and "[step 1]" in printed and "Answer:" in printed
+    assert "[analysis]" in printed and "[turn 1]" in printed and "Answer:" in printed
     assert main(argv) == 0  # appends, never overwrites
     lines = out.read_text().splitlines()
     assert len(lines) == 2
     run = json.loads(lines[0])
-    assert run["question"] == "What is 17 * 23?" and run["context"]["max_steps"] == 2
+    assert run["question"] == "What is 17 * 23?" and run["context"]["max_turns"] == 2
     turns = [t for t in run["transitions"] if t["node"] == "planner"]
     assert turns
     for turn in turns:
@@ -49,7 +49,7 @@ def test_run_streams_steps_and_saves_a_token_faithful_trajectory(
     ("argv", "message"),
     [
         (["--planner", "/nonexistent/model"], "could not load a model"),
-        (["--max-steps", "0"], "max_steps must be >= 1"),
+        (["--max-turns", "0"], "max_turns must be >= 1"),
         (["--tools", "python,teleport"], "unknown tools ['teleport']"),
         (["--temperature", "-1"], "planner temperature must be >= 0"),
         (["--corpus", "/nonexistent.jsonl"], "is not a file"),
@@ -84,7 +84,7 @@ def test_run_on_a_thread_and_resume_errors(
     base = [
         "--planner",
         str(tiny_model_dir),
-        "--max-steps",
+        "--max-turns",
         "1",
         "--max-new-tokens",
         "8",
@@ -97,10 +97,22 @@ def test_run_on_a_thread_and_resume_errors(
     assert main(["run", "q", "--thread", "t1", *base]) == 2
     assert "already has a run" in capsys.readouterr().err
     assert main(["run", "--resume", "--thread", "t1", *base]) == 0  # finished: nothing to redo
-    assert "resuming thread t1 after step 1" in capsys.readouterr().out
+    assert "resuming thread t1 after turn 1" in capsys.readouterr().out
     assert main(["run", "--resume", "--thread", "nope", *base]) == 2
     assert "has no run" in capsys.readouterr().err
     assert main(["run", "--resume", *base]) == 2
     assert "--resume needs --thread" in capsys.readouterr().err
     assert main(["run", *base]) == 2
     assert "give a question" in capsys.readouterr().err
+
+
+def test_max_steps_is_a_deprecated_alias_of_max_turns(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "runs.jsonl"
+    options = ["--planner", str(tiny_model_dir), "--max-new-tokens", "8"]
+    options += ["--engine-max-new-tokens", "8", "--save", str(out)]
+    with pytest.warns(DeprecationWarning, match="--max-steps is deprecated; use --max-turns"):
+        assert main(["run", "2 + 2?", "--max-steps", "1", *options]) == 0
+    assert "--max-steps is deprecated" in capsys.readouterr().err
+    assert json.loads(out.read_text().splitlines()[-1])["context"]["max_turns"] == 1

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.cpu_linear import TransposedLinears
 from flowlearn.nodes.hf_policy import HFPolicy
-from flowlearn.nodes.policy import Sampling
+from flowlearn.nodes.schema.sampling import Sampling
 
 
 def linears(model: torch.nn.Module) -> list[torch.nn.Module]:

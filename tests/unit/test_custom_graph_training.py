@@ -16,7 +16,7 @@ from trl import GRPOConfig
 
 from flowlearn.evals.benchmarks import score_case
 from flowlearn.evals.cases import Case
-from flowlearn.nodes import Policy, Sampling, policy_transition
+from flowlearn.nodes import Policy, Sampling, policy_transition, token_faithful
 from flowlearn.nodes.tools import local_search_tool, python_tool
 from flowlearn.training import TrajectoryStore
 from flowlearn.training.trainer import FlowGRPOTrainer
@@ -103,7 +103,7 @@ def test_a_custom_two_node_graph_trains(tiny_model_dir: Path, tmp_path: Path) ->
     assert len(rollouts) == 2 * 2 * 4
     assert all(r.answer for r in rollouts)  # the generator ran the chosen tool
     turns = [t for r in rollouts for t in r.transitions]
-    assert {t.node for t in turns} == {"planner"} and all(t.token_faithful for t in turns)
+    assert {t["node"] for t in turns} == {"planner"} and all(token_faithful(t) for t in turns)
     logged = [h for h in trainer.state.log_history if "flow/rows" in h]
     assert [h["flow/rows"] for h in logged] == [8.0, 8.0]  # every policy call became a row
 

@@ -109,7 +109,7 @@ def test_run_killed_mid_way_resumes_from_sqlite_without_repeating_steps(tmp_path
             return 0
         with SqliteSaver.from_conn_string(str(db)) as saver:
             found = saver.get_tuple({"configurable": {"thread_id": "job"}})
-        return int(found.checkpoint["channel_values"].get("step", 0)) if found else 0
+        return int(found.checkpoint["channel_values"].get("turn", 0)) if found else 0
 
     deadline = time.time() + 60
     while time.time() < deadline and checkpointed_steps() < 2:
@@ -125,7 +125,7 @@ def test_run_killed_mid_way_resumes_from_sqlite_without_repeating_steps(tmp_path
             ScriptedPolicy(["x"]), FakeChatModel(), [multiply], checkpointer=saver
         )
         final = graph.get_state({"configurable": {"thread_id": "job"}}).values
-    assert final["step"] == 4 and final["termination"] == "max_steps"
+    assert final["turn"] == 4 and final["termination"] == "max_turns"
     assert sum(r["kind"] == "action" for r in final["memory"]) == 4
     calls = len(log.read_text().split())
     # Finished steps were not repeated: the resumed run made only the missing tool calls (plus

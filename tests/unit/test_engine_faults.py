@@ -56,7 +56,7 @@ def flow(respond: Flaky) -> Any:
 @pytest.mark.parametrize("prefix", ["Analyze", "Call the tool", "Judge whether", "Answer"])
 def test_transient_errors_are_retried_by_the_node(prefix: str) -> None:
     respond = Flaky(prefix, failures=2, error=TimeoutError("engine timed out"))
-    state = flow(respond).invoke({"question": "Capital of France?"}, context=Context(max_steps=1))
+    state = flow(respond).invoke({"question": "Capital of France?"}, context=Context(max_turns=1))
     assert respond.calls == 2
     assert state["answer"] == "Paris"
     assert all(t["parse_status"] != "error" for t in state["transitions"])
@@ -73,7 +73,7 @@ def test_transient_errors_are_retried_by_the_node(prefix: str) -> None:
 )
 def test_exhausted_retries_are_recorded_and_the_run_goes_on(prefix: str, node: str | None) -> None:
     respond = Flaky(prefix, failures=10, error=ConnectionError("engine down"))
-    state = flow(respond).invoke({"question": "q"}, context=Context(max_steps=1))
+    state = flow(respond).invoke({"question": "q"}, context=Context(max_turns=1))
     assert respond.calls == ENGINE_RETRY.max_attempts
     expected = "the engine failed (transient; retries exhausted): ConnectionError: engine down"
     if node is None:
@@ -93,7 +93,7 @@ def test_without_a_retry_policy_a_transient_error_is_recorded_at_once() -> None:
         [lookup],
         retry_policy=None,
     )
-    state = graph.invoke({"question": "q"}, context=Context(max_steps=1))
+    state = graph.invoke({"question": "q"}, context=Context(max_turns=1))
     assert respond.calls == 1
     assert "retries exhausted" in state["transitions"][-1]["output"]
 
@@ -111,7 +111,7 @@ def test_other_engine_errors_are_recorded_and_the_run_goes_on(
     prefix: str, node: str | None
 ) -> None:
     respond = Flaky(prefix, failures=10, error=ValueError("malformed request"))
-    state = flow(respond).invoke({"question": "Capital of France?"}, context=Context(max_steps=1))
+    state = flow(respond).invoke({"question": "Capital of France?"}, context=Context(max_turns=1))
     assert respond.calls == 1  # not retried
     if node is None:  # the executor records it as the step's error
         action = next(r for r in state["memory"] if r["kind"] == "action")
@@ -166,7 +166,7 @@ def test_a_hanging_or_flooding_tool_does_not_stop_the_run(tool_: Any, expected: 
         ScriptedPolicy([plan(tool_.name)]), FakeChatModel(respond=respond), [tool_]
     )
     state = graph.invoke(
-        {"question": "q"}, context=Context(max_steps=1, tool_timeout_s=0.5, max_result_chars=1000)
+        {"question": "q"}, context=Context(max_turns=1, tool_timeout_s=0.5, max_result_chars=1000)
     )
     action = next(r for r in state["memory"] if r["kind"] == "action")
     text = action["error"] or action["result"]
@@ -220,7 +220,7 @@ def test_no_fault_stops_a_collection(tmp_path: Path) -> None:
     names = ["hang", "flood", "raise", "engine", "slow", "judge"]
     cases = [Case(n, n, "Paris") for n in names]
     store = TrajectoryStore(tmp_path / "t.jsonl")
-    context = Context(max_steps=30, max_seconds=0.6, tool_timeout_s=0.3, max_result_chars=1000)
+    context = Context(max_turns=30, max_seconds=0.6, tool_timeout_s=0.3, max_result_chars=1000)
     got = {
         t.group_id: t
         for t in collect(
@@ -237,6 +237,6 @@ def test_no_fault_stops_a_collection(tmp_path: Path) -> None:
     assert "[... truncated" in action_text("flood") and len(action_text("flood")) < 1200
     assert "the backend is down" in action_text("raise")
     assert "malformed request" in action_text("engine")
-    assert got["slow"].termination == "max_seconds" and got["slow"].steps >= 1
+    assert got["slow"].termination == "max_seconds" and got["slow"].turns >= 1
     assert got["judge"].reward == 0 and "the judge timed out" in (got["judge"].reward_error or "")
     assert all(got[n].final_text for n in names)

@@ -109,7 +109,7 @@ def test_harness_over_20_cases_writes_reports_and_plot(tmp_path: Path) -> None:
         lambda a, c: score_case("exact_match", a, c),
         concurrency=4,
         results_path=tmp_path / "results.jsonl",
-        context=Context(max_steps=3),
+        context=Context(max_turns=3),
         progress=False,
     )
     assert [r.id for r in results] == [c.id for c in cases]
@@ -172,7 +172,7 @@ def test_eval_cli_with_tiny_model(
             "3",
             "--planner",
             str(tiny_model_dir),
-            "--max-steps",
+            "--max-turns",
             "1",
             "--max-new-tokens",
             "8",

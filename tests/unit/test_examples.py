@@ -24,10 +24,10 @@ def test_variant_without_verifier_runs_with_fakes() -> None:
         )
     )
     graph = module["build_graph"](ScriptedPolicy([plan("multiply")]), engine, [module["multiply"]])
-    state = graph.invoke({"question": "2*5?"}, context=Context(max_steps=2))
+    state = graph.invoke({"question": "2*5?"}, context=Context(max_turns=2))
     assert "verifier" not in graph.get_graph().nodes
     assert [r["kind"] for r in state["memory"]] == ["action", "action"]
-    assert state["answer"] == "10" and state["termination"] == "max_steps"
+    assert state["answer"] == "10" and state["termination"] == "max_turns"
 
 
 def test_example_script_runs() -> None:
@@ -37,4 +37,4 @@ def test_example_script_runs() -> None:
         text=True,
         check=True,
     ).stdout
-    assert "answer: 391 | termination: max_steps" in out
+    assert "answer: 391 | termination: max_turns" in out

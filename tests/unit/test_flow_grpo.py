@@ -124,7 +124,7 @@ def test_lengths_nodes_and_refusals() -> None:
     both = build_flow_grpo_rows(hand_group(), nodes=("planner", "generator"))
     assert both.stats["rows"] == 12
     bad = hand_group()
-    bad[1].transitions[0].completion_ids = None
+    bad[1].transitions[0]["completion_ids"] = None
     with pytest.raises(ValueError, match="plain chat model"):
         build_flow_grpo_rows(bad)
     with pytest.raises(ValueError, match="unknown mode"):
@@ -145,10 +145,10 @@ def reference_objective(trajectories: list[Trajectory], ratios: dict, lo: float,
         group_sum = 0.0
         for m in members:
             adv = (m.reward - mean) / (std + EPS)
-            turns = [t for t in m.transitions if t.node == "planner"]
+            turns = [t for t in m.transitions if t["node"] == "planner"]
             traj_sum = 0.0
             for t in turns:
-                rs = ratios[(m.trajectory_id, t.turn)]
+                rs = ratios[(m.trajectory_id, t["turn"])]
                 traj_sum += sum(min(r * adv, min(max(r, 1 - lo), 1 + hi) * adv) for r in rs) / len(
                     rs
                 )
@@ -165,10 +165,10 @@ def test_rows_reproduce_the_papers_objective_on_a_random_batch() -> None:
             lengths = [rng.randint(1, 9) for _ in range(rng.randint(1, 4))]
             trajectories.append(trajectory(f"{g}-{i}", f"g{g}", float(rng.random() < 0.5), lengths))
     ratios = {
-        (t.trajectory_id, tr.turn): [math.exp(rng.gauss(0, 0.3)) for _ in tr.completion_ids]
+        (t.trajectory_id, tr["turn"]): [math.exp(rng.gauss(0, 0.3)) for _ in tr["completion_ids"]]
         for t in trajectories
         for tr in t.transitions
-        if tr.node == "planner"
+        if tr["node"] == "planner"
     }
     rows = build_flow_grpo_rows(trajectories, "paper").rows
     ours = sum(
@@ -186,8 +186,8 @@ def test_step_credit_groups_turns_that_saw_the_same_input() -> None:
     # every first turn saw the same prompt; later turns differ across trajectories
     for index, trajectory in enumerate(group):
         for transition in trajectory.transitions:
-            transition.prompt_ids = (
-                [1, 2, 3] if transition.turn == 1 else [9, transition.turn, index]
+            transition["prompt_ids"] = (
+                [1, 2, 3] if transition["turn"] == 1 else [9, transition["turn"], index]
             )
     plain = build_flow_grpo_rows(group, "paper")
     credited = build_flow_grpo_rows(group, "paper", step_credit=StepCredit(weight=0.5, gamma=0.9))

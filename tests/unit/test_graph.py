@@ -62,7 +62,7 @@ def test_run_stops_on_verifier_stop() -> None:
     state = graph.invoke({"question": "17*23?"})
     assert state["answer"] == "391"
     assert state["termination"] == "verifier_stop"
-    assert state["step"] == 1
+    assert state["turn"] == 1
     assert [r["kind"] for r in state["memory"]] == ["action", "verification"]
     assert state["memory"][0]["result"] == "391"
     assert [t["node"] for t in state["transitions"]] == [
@@ -74,13 +74,13 @@ def test_run_stops_on_verifier_stop() -> None:
     ]
 
 
-def test_run_stops_at_max_steps() -> None:
+def test_run_stops_at_max_turns() -> None:
     graph = build_agentflow(
         ScriptedPolicy([plan("multiply")]), verifier_says("CONTINUE"), [multiply]
     )
-    state = graph.invoke({"question": "q"}, context=Context(max_steps=3))
-    assert state["termination"] == "max_steps"
-    assert state["step"] == 3
+    state = graph.invoke({"question": "q"}, context=Context(max_turns=3))
+    assert state["termination"] == "max_turns"
+    assert state["turn"] == 3
     assert sum(r["kind"] == "action" for r in state["memory"]) == 3
     assert state["answer"] == "391"
 
@@ -91,18 +91,18 @@ def test_run_stops_at_max_seconds() -> None:
         return plan("multiply")
 
     graph = build_agentflow(ScriptedPolicy([slow]), verifier_says("CONTINUE"), [multiply])
-    state = graph.invoke({"question": "q"}, context=Context(max_steps=50, max_seconds=0.3))
+    state = graph.invoke({"question": "q"}, context=Context(max_turns=50, max_seconds=0.3))
     assert state["termination"] == "max_seconds"
-    assert 1 <= state["step"] < 50
+    assert 1 <= state["turn"] < 50
     assert state["final_text"]
 
 
 def test_malformed_planner_outputs_count_as_steps_and_never_raise() -> None:
     replies = ["", "```json\n{broken", "Tool Name: nowhere\nSub-Goal: x", "\x00\ufffd" * 50]
     graph = build_agentflow(ScriptedPolicy(replies), verifier_says("CONTINUE"), [multiply])
-    state = graph.invoke({"question": "q"}, context=Context(max_steps=4))
-    assert state["termination"] == "max_steps"
-    assert state["step"] == 4
+    state = graph.invoke({"question": "q"}, context=Context(max_turns=4))
+    assert state["termination"] == "max_turns"
+    assert state["turn"] == 4
     assert [r["kind"] for r in state["memory"]] == ["format_error"] * 4
     statuses = [t["parse_status"] for t in state["transitions"] if t["node"] == "planner"]
     assert statuses == ["format_error", "format_error", "unknown_tool", "format_error"]
@@ -150,16 +150,16 @@ def test_sqlite_checkpoint_resumes_thread(tmp_path: Path) -> None:
         graph.invoke(
             {"question": "17*23?"},
             config,
-            context=Context(max_steps=5),
+            context=Context(max_turns=5),
             interrupt_after=["verifier"],
         )
         snapshot = graph.get_state(config)
         assert snapshot.next == ("planner",)
-        assert snapshot.values["step"] == 1
+        assert snapshot.values["turn"] == 1
     with SqliteSaver.from_conn_string(db) as saver:  # a new process would do just this
         graph = build_agentflow(policy, verifier_says("STOP"), [multiply], checkpointer=saver)
-        state = graph.invoke(None, config, context=Context(max_steps=5))
-    assert state["step"] == 2
+        state = graph.invoke(None, config, context=Context(max_turns=5))
+    assert state["turn"] == 2
     assert state["termination"] == "verifier_stop"
     assert len(policy.calls) == 2  # the first turn was not repeated
     assert state["memory"][0]["result"] == "391"

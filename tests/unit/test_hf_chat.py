@@ -70,8 +70,8 @@ def test_message_conversion_handles_tool_turns() -> None:
 
 def test_chat_model_serves_as_fixed_engine_in_a_full_run(chat: HFChatModel) -> None:
     graph = build_agentflow(ScriptedPolicy([plan("lookup")]), chat, [lookup])
-    state = graph.invoke({"question": "What is x?"}, context=Context(max_steps=2))
-    assert state["termination"] in {"verifier_stop", "max_steps"}
+    state = graph.invoke({"question": "What is x?"}, context=Context(max_turns=2))
+    assert state["termination"] in {"verifier_stop", "max_turns"}
     assert state["final_text"] is not None and "answer" in state
     nodes = [t["node"] for t in state["transitions"]]
     assert nodes[0] == "query_analysis" and nodes[-1] == "generator"
@@ -82,9 +82,9 @@ def test_chat_model_serves_as_fixed_engine_in_a_full_run(chat: HFChatModel) -> N
 def test_hf_policy_plans_in_a_full_run(tiny_model_dir: Path, chat: HFChatModel) -> None:
     policy = chat.policy
     graph = build_agentflow(policy, chat, [lookup])
-    state = graph.invoke({"question": "q"}, context=Context(max_steps=2, planner_max_new_tokens=16))
+    state = graph.invoke({"question": "q"}, context=Context(max_turns=2, planner_max_new_tokens=16))
     turns = [t for t in state["transitions"] if t["node"] == "planner"]
-    assert len(turns) == state["step"] == 2
+    assert len(turns) == state["turn"] == 2
     for turn in turns:
         assert len(turn["completion_ids"]) == len(turn["logprobs"]) > 0
         assert turn["prompt_ids"] == policy.encode_chat(turn["messages"])
@@ -96,7 +96,7 @@ def test_messages_stream_mode_streams_engine_tokens(chat: HFChatModel) -> None:
     chunks = [
         (message, meta)
         for message, meta in graph.stream(
-            {"question": "q"}, context=Context(max_steps=1), stream_mode="messages"
+            {"question": "q"}, context=Context(max_turns=1), stream_mode="messages"
         )
     ]
     by_node = {meta["langgraph_node"] for _, meta in chunks}
@@ -104,6 +104,6 @@ def test_messages_stream_mode_streams_engine_tokens(chat: HFChatModel) -> None:
     generator_text = "".join(
         str(m.content) for m, meta in chunks if meta["langgraph_node"] == "generator"
     )
-    final = graph.invoke({"question": "q"}, context=Context(max_steps=1))["final_text"]
+    final = graph.invoke({"question": "q"}, context=Context(max_turns=1))["final_text"]
     assert generator_text == final  # greedy engine: the streamed pieces are the final text
     assert sum(meta["langgraph_node"] == "generator" for _, meta in chunks) > 1

@@ -6,7 +6,7 @@ import pytest
 
 from flowlearn.nodes.hf_loading import ModelNotFoundError, load_model_and_tokenizer
 from flowlearn.nodes.hf_policy import HFPolicy
-from flowlearn.nodes.policy import Sampling
+from flowlearn.nodes.schema.sampling import Sampling
 
 torch = pytest.importorskip("torch")
 

@@ -34,7 +34,7 @@ def test_planner_first_visit_analyses_then_plans() -> None:
     node = make_planner(policy, [add], analysis_engine=engine)
     update = node({"question": "2+3?"}, runtime())
     assert update["analysis"] == "Goal: add numbers."
-    assert update["step"] == 1
+    assert update["turn"] == 1
     assert update["plan"]["tool"] == "add"
     assert update["plan"]["sub_goal"] == "add 2 and 3"
     analysis, turn = update["transitions"]
@@ -48,10 +48,10 @@ def test_planner_first_visit_analyses_then_plans() -> None:
 def test_planner_unknown_tool_is_a_recorded_format_error() -> None:
     node = make_planner(ScriptedPolicy(["nonsense", plan("teleport")]), [add])
     first = node({"question": "q", "analysis": "a"}, runtime())
-    assert first["plan"] is None and first["step"] == 1
+    assert first["plan"] is None and first["turn"] == 1
     assert first["memory"][0]["kind"] == "format_error"
     assert first["transitions"][0]["parse_status"] == "format_error"
-    second = node({"question": "q", "analysis": "a", "step": 1}, runtime())
+    second = node({"question": "q", "analysis": "a", "turn": 1}, runtime())
     assert second["transitions"][0]["parse_status"] == "unknown_tool"
     assert "teleport" in second["memory"][0]["error"]
 
@@ -69,8 +69,8 @@ def test_planner_only_offers_enabled_tools() -> None:
 def test_planner_spent_budget_skips_the_policy() -> None:
     policy = ScriptedPolicy([plan("add")])
     node = make_planner(policy, [add])
-    assert node({"question": "q", "step": 2}, runtime(max_steps=2)) == {
-        "termination": "max_steps",
+    assert node({"question": "q", "turn": 2}, runtime(max_turns=2)) == {
+        "termination": "max_turns",
         "plan": None,
     }
     assert policy.calls == []
@@ -81,7 +81,7 @@ def test_executor_runs_tool_with_engine_arguments() -> None:
     node = make_executor(engine, [add])
     state = {
         "question": "q",
-        "plan": {"step": 1, "justification": "", "context": "c", "sub_goal": "add", "tool": "add"},
+        "plan": {"turn": 1, "justification": "", "context": "c", "sub_goal": "add", "tool": "add"},
     }
     update = node(state, runtime())
     record = update["memory"][0]
@@ -96,7 +96,7 @@ def test_executor_reads_json_when_engine_has_no_tool_call() -> None:
     node = make_executor(engine, [add])
     state = {
         "question": "q",
-        "plan": {"step": 1, "justification": "", "context": "", "sub_goal": "add", "tool": "add"},
+        "plan": {"turn": 1, "justification": "", "context": "", "sub_goal": "add", "tool": "add"},
     }
     assert node(state, runtime())["memory"][0]["result"] == "2"
 
@@ -106,7 +106,7 @@ def test_executor_tool_exception_becomes_error_record() -> None:
     node = make_executor(engine, [broken])
     state = {
         "question": "q",
-        "plan": {"step": 1, "justification": "", "context": "", "sub_goal": "s", "tool": "broken"},
+        "plan": {"turn": 1, "justification": "", "context": "", "sub_goal": "s", "tool": "broken"},
     }
     record = node(state, runtime())["memory"][0]
     assert record["result"] is None
@@ -118,7 +118,7 @@ def test_executor_unusable_arguments_are_recorded() -> None:
     node = make_executor(engine, [add])
     state = {
         "question": "q",
-        "plan": {"step": 1, "justification": "", "context": "", "sub_goal": "s", "tool": "add"},
+        "plan": {"turn": 1, "justification": "", "context": "", "sub_goal": "s", "tool": "add"},
     }
     update = node(state, runtime())
     assert "no usable arguments" in update["memory"][0]["error"]
@@ -130,10 +130,10 @@ def test_executor_unusable_arguments_are_recorded() -> None:
     [("All found.\nConclusion: STOP", "STOP", "ok"), ("hmm", "CONTINUE", "unclear")],
 )
 def test_verifier_stores_verdict_in_memory(text: str, verdict: str, status: str) -> None:
-    update = make_verifier(FakeChatModel(text=text))({"question": "q", "step": 1}, runtime())
+    update = make_verifier(FakeChatModel(text=text))({"question": "q", "turn": 1}, runtime())
     assert update["verdict"] == verdict
     assert update["memory"][0] == {
-        "step": 1,
+        "turn": 1,
         "kind": "verification",
         "analysis": text,
         "verdict": verdict,

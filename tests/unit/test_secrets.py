@@ -44,7 +44,7 @@ def test_no_key_appears_in_any_file_or_output_of_a_run(
         + "\n"
     )
     model = ["--planner", str(tiny_model_dir), "--engine-max-new-tokens", "8"]
-    small = ["--max-steps", "1", "--max-new-tokens", "8", *model]
+    small = ["--max-turns", "1", "--max-new-tokens", "8", *model]
     runs = [
         [
             "run",
@@ -76,7 +76,7 @@ def test_no_key_appears_in_any_file_or_output_of_a_run(
             str(cases),
             "--output-dir",
             "out/train",
-            "--max-steps",
+            "--max-turns",
             "1",
             "--group-size",
             "2",

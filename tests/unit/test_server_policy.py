@@ -14,10 +14,11 @@ from stand_in_server import Recorded, Reply, stand_in_server
 
 from fakes import FakeChatModel
 from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes import token_faithful
 from flowlearn.nodes.batching import BatchingPolicy
 from flowlearn.nodes.hf_policy import HFPolicy
-from flowlearn.nodes.policy import Sampling
 from flowlearn.nodes.render import is_transient
+from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.nodes.server_policy import ServerError, ServerPolicy
 from flowlearn.training import build_flow_grpo_rows
 from flowlearn.training.trajectory import trajectory_from_state
@@ -127,12 +128,12 @@ def test_a_flow_planned_on_the_server_trains(policy: HFPolicy, server: Any) -> N
     graph = build_agentflow(remote, engine, [lookup])
     state = graph.invoke(
         {"question": "Capital of France?"},
-        context=Context(max_steps=2, planner_max_new_tokens=8, seed=1),
+        context=Context(max_turns=2, planner_max_new_tokens=8, seed=1),
     )
     trajectory = trajectory_from_state(state, trajectory_id="a/0", group_id="a", reference="x")
     trajectory.reward = 1.0
-    planner = [t for t in trajectory.transitions if t.node == "planner"]
-    assert planner and all(t.token_faithful for t in planner)
+    planner = [t for t in trajectory.transitions if t["node"] == "planner"]
+    assert planner and all(token_faithful(t) for t in planner)
     assert build_flow_grpo_rows([trajectory], "paper").rows
 
 
@@ -176,7 +177,7 @@ def test_the_cli_plans_on_a_server(
 
     out = tmp_path / "runs.jsonl"
     argv = ["run", "What is 17 * 23?", "--planner-url", f"{server.url}/v1"]
-    options = ["--engine", str(tiny_model_dir), "--max-steps", "2", "--max-new-tokens", "8"]
+    options = ["--engine", str(tiny_model_dir), "--max-turns", "2", "--max-new-tokens", "8"]
     options += ["--engine-max-new-tokens", "8", "--seed", "0", "--save", str(out)]
     assert main([*argv, *options]) == 2  # no served model named
     assert "--planner-url needs --planner" in capsys.readouterr().err

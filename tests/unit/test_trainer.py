@@ -20,7 +20,7 @@ from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import exact_match
 from flowlearn.graphs import Context
 from flowlearn.nodes.hf_policy import HFPolicy
-from flowlearn.nodes.policy import Sampling
+from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training import TrajectoryStore, build_flow_grpo_rows
 from flowlearn.training.metrics import read_metrics
 from flowlearn.training.trainer import FlowGRPOTrainer
@@ -110,7 +110,9 @@ def test_online_training_updates_the_planner_in_the_flow(
     assert changed > 0
     rollouts = store.load()
     assert len(rollouts) == 2 * 2 * 4  # 2 steps x 2 questions x G=4
-    versions = {t.policy_version for r in rollouts for t in r.transitions if t.node == "planner"}
+    versions = {
+        t["policy_version"] for r in rollouts for t in r.transitions if t["node"] == "planner"
+    }
     assert {v.rsplit("@", 1)[1] for v in versions} == {"0", "1"}  # step 2 used updated weights
     logged = [h for h in trainer.state.log_history if "flow/rows" in h]
     assert len(logged) == 2 and all(h["flow/tokens"] > 0 for h in logged)

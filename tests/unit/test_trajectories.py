@@ -16,6 +16,7 @@ from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import exact_match
 from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes import token_faithful
 from flowlearn.training import (
     Trajectory,
     TrajectoryStore,
@@ -63,7 +64,7 @@ def test_collect_runs_g_rollouts_per_question_and_rewards_them(tmp_path: Path) -
         group_size=3,
         store=store,
         progress=False,
-        context=Context(max_steps=3, seed=10),
+        context=Context(max_turns=3, seed=10),
         extra_rewards={"format_penalty": format_penalty(0.5)},
     )
     assert [t.trajectory_id for t in out] == ["q1/0", "q1/1", "q1/2", "q2/0", "q2/1", "q2/2"]
@@ -71,12 +72,12 @@ def test_collect_runs_g_rollouts_per_question_and_rewards_them(tmp_path: Path) -
     assert [t.reward for t in out] == [1.0] * 3 + [0.0] * 3
     assert {t.context["seed"] for t in out if t.group_id == "q1"} == {10, 11, 12}
     for trajectory in out:
-        planner = [t for t in trajectory.transitions if t.node == "planner"]
+        planner = [t for t in trajectory.transitions if t["node"] == "planner"]
         assert trajectory.reward_terms["format_penalty"] == pytest.approx(
-            -0.5 * sum(t.parse_status != "ok" for t in planner) / len(planner)
+            -0.5 * sum(t["parse_status"] != "ok" for t in planner) / len(planner)
         )
-        assert all(t.token_faithful for t in planner)
-        assert trajectory.memory and trajectory.steps >= 1
+        assert all(token_faithful(t) for t in planner)
+        assert trajectory.memory and trajectory.turns >= 1
     assert store.ids() == {t.trajectory_id for t in out}
 
 
@@ -119,8 +120,8 @@ def test_parquet_and_dataset_round_trips_are_lossless(tmp_path: Path) -> None:
     back = read_parquet(path)
     assert [t.to_dict() for t in back] == [t.to_dict() for t in trajectories]
     assert (
-        load_trajectories(path)[0].transitions[1].logprobs
-        == trajectories[0].transitions[1].logprobs
+        load_trajectories(path)[0].transitions[1]["logprobs"]
+        == trajectories[0].transitions[1]["logprobs"]
     )
     dataset = to_dataset(trajectories)
     assert len(dataset) == 4
@@ -209,7 +210,7 @@ def test_collect_cli_with_tiny_model(
         "2",
         "--planner",
         str(tiny_model_dir),
-        "--max-steps",
+        "--max-turns",
         "1",
         "--max-new-tokens",
         "8",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import operator
 from typing import Annotated, Literal, TypedDict
 
-from flowlearn.nodes.records import Plan, StepRecord, Transition
+from flowlearn.nodes.schema.records import Plan, StepRecord, Transition
 
-Termination = Literal["verifier_stop", "max_steps", "max_seconds", "engine_error"]
+Termination = Literal["verifier_stop", "max_turns", "max_seconds", "engine_error"]
 
 
 class InputState(TypedDict):
@@ -37,7 +37,7 @@ class State(InputState, total=False):
     """The generator's full output."""
     answer: str
     """The answer extracted from `<answer>...</answer>` in `final_text` (all of it if untagged)."""
-    step: int
+    turn: int
     """Planner turns taken so far, format errors included."""
     transitions: Annotated[list[Transition], operator.add]
     """Every model call of every node, with rendered messages, output, parse status and timing;

@@ -1,7 +1,8 @@
-"""Records the nodes write into shared memory: step records and transitions."""
+"""Records the nodes write into shared memory: the plan, step records and transitions."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
 ParseStatus = Literal["ok", "format_error", "unknown_tool", "unclear", "no_answer_tags", "error"]
@@ -10,7 +11,7 @@ ParseStatus = Literal["ok", "format_error", "unknown_tool", "unclear", "no_answe
 class Plan(TypedDict):
     """The planner's current decision, which the executor carries out."""
 
-    step: int
+    turn: int
     justification: str
     context: str
     sub_goal: str
@@ -20,7 +21,7 @@ class Plan(TypedDict):
 class StepRecord(TypedDict):
     """One planner turn as the other agents see it in memory."""
 
-    step: int
+    turn: int
     """1-based planner turn that produced this record."""
     kind: Literal["action", "format_error", "verification"]
     """`action` (a tool was run), `format_error` (the planner's output did not parse), or
@@ -39,9 +40,12 @@ class StepRecord(TypedDict):
 class Transition(TypedDict):
     """One model call made by a node, with what went in and what came out.
 
-    Planner transitions from a token-faithful policy also carry `prompt_ids`, `completion_ids`,
-    `logprobs` (one per completion token), `policy_version` and `sampling`; the trainer uses them
-    as they are and never re-tokenises text.
+    The one record from the policy call to the stored trajectory (DESIGN.md section 6): nodes
+    append it to the graph state, the trajectory store keeps it as it is (adding
+    `trajectory_id` and `group_id`), and Flow-GRPO turns it into rows. Planner transitions from
+    a token-faithful policy also carry `prompt_ids`, `completion_ids`, `logprobs` (one per
+    completion token), `policy_version` and `sampling`; the trainer uses them as they are and
+    never re-tokenises text.
     """
 
     node: str
@@ -57,3 +61,25 @@ class Transition(TypedDict):
     sampling: NotRequired[dict[str, Any]]
     notes: NotRequired[list[str]]
     """What the backend changed on the way, e.g. a prompt cut to fit the model's window."""
+    trajectory_id: NotRequired[str]
+    """The rollout this call belongs to; set when the trajectory is stored."""
+    group_id: NotRequired[str]
+    """The question's group (the G rollouts of one question); set when stored."""
+
+
+def token_faithful(record: Mapping[str, Any]) -> bool:
+    """Whether a transition (or generation) carries the ids and logprobs training needs.
+
+    The one rule: prompt ids present, completion ids present, one logprob per completion token.
+    """
+    prompt, completion, logprobs = (
+        record.get("prompt_ids"),
+        record.get("completion_ids"),
+        record.get("logprobs"),
+    )
+    return (
+        bool(prompt)
+        and completion is not None
+        and logprobs is not None
+        and (len(logprobs) == len(completion))
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from flowlearn.nodes.schema.sampling import Sampling
+
 
 @dataclass(frozen=True, kw_only=True)
 class Context:
@@ -14,7 +16,7 @@ class Context:
     Studio shows this dataclass as a JSON form.
     """
 
-    max_steps: int = field(
+    max_turns: int = field(
         default=10,
         metadata={"description": "Planner turns allowed (paper: 10 at inference, 3 in training)."},
     )
@@ -59,26 +61,29 @@ class Context:
     )
 
     def __post_init__(self) -> None:
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise ValueError(f"max_seconds must be > 0 or None, got {self.max_seconds}")
-        if self.planner_temperature < 0:
-            raise ValueError(
-                f"planner temperature must be >= 0 (0 = greedy), got {self.planner_temperature}"
-            )
-        if not 0 < self.planner_top_p <= 1:
-            raise ValueError(f"planner top_p must be in (0, 1], got {self.planner_top_p}")
-        if self.planner_max_new_tokens < 1:
-            raise ValueError(
-                f"planner_max_new_tokens must be >= 1, got {self.planner_max_new_tokens}"
-            )
+        try:
+            self.planner_sampling()
+        except ValueError as exc:
+            raise ValueError(f"planner {exc}") from None
         if self.max_result_chars < 100:
             raise ValueError(f"max_result_chars must be >= 100, got {self.max_result_chars}")
         if self.tool_timeout_s <= 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s}")
         if self.tools is not None and not isinstance(self.tools, tuple):
             object.__setattr__(self, "tools", tuple(self.tools))
+
+    def planner_sampling(self) -> Sampling:
+        """Return the planner's sampling settings: the one place they are assembled."""
+        return Sampling(
+            temperature=self.planner_temperature,
+            top_p=self.planner_top_p,
+            max_new_tokens=self.planner_max_new_tokens,
+            seed=self.seed,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return the settings as a JSON-serializable dict."""

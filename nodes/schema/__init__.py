@@ -1,0 +1,25 @@
+"""The schema: graph state, run context, records and sampling settings (plain data, no logic).
+
+The bottom layer of the package: it imports nothing else of flowlearn, and every other module
+may import it at top level.
+"""
+
+from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.records import ParseStatus, Plan, StepRecord, Transition, token_faithful
+from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
+from flowlearn.nodes.schema.state import InputState, State, Termination
+
+__all__ = [
+    "Context",
+    "Generation",
+    "InputState",
+    "Messages",
+    "ParseStatus",
+    "Plan",
+    "Sampling",
+    "State",
+    "StepRecord",
+    "Termination",
+    "Transition",
+    "token_faithful",
+]

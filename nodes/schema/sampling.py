@@ -1,0 +1,61 @@
+"""What one policy call is asked for and what it gives back: sampling settings and a generation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flowlearn.nodes.schema.records import token_faithful
+
+Messages = list[dict[str, str]]
+"""Chat messages as plain `{"role": ..., "content": ...}` dicts, the form transitions store."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """Sampling settings for one policy call."""
+
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the settings as a JSON-serializable dict."""
+        return asdict(self)
+
+
+@dataclass(kw_only=True)
+class Generation:
+    """What one policy call produced: the policy's half of a `Transition`.
+
+    The node that made the call adds `node`, `turn` and `parse_status`
+    (`flowlearn.nodes.policy_transition`); the fields below pass into the transition unchanged.
+
+    `prompt_ids`, `completion_ids` and `logprobs` are the exact tokens fed and sampled, with the
+    log-probability of each sampled token under the sampling distribution actually used (after
+    temperature). They are `None` when the backend cannot provide them (a chat-model adapter).
+    """
+
+    text: str
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    policy_version: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    """What the backend changed on the way, e.g. a prompt cut to fit the model's window."""
+
+    @property
+    def token_faithful(self) -> bool:
+        """Whether this generation carries the token ids and logprobs training needs."""
+        return token_faithful(vars(self))
