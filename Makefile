@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 QUESTION ?= What is 17 * 23?
 
-.PHONY: install demo test lint typecheck clean
+.PHONY: install demo test lint typecheck imports links clean
 
 install: $(STAMP)
 
@@ -27,16 +27,27 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy cannot follow setuptools' package-dir mapping, so it checks a tree of symlinks laid out
-# the way the package is installed.
-typecheck: $(STAMP)
-	rm -rf .typecheck && mkdir -p .typecheck/flowlearn
-	for f in flowlearn/*.py flowlearn/py.typed; do ln -s ../../$$f .typecheck/flowlearn/; done
-	for d in graphs nodes training evals; do ln -s ../../$$d .typecheck/flowlearn/$$d; done
-	cd .typecheck && ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p flowlearn
+# mypy and import-linter cannot follow setuptools' package-dir mapping, so they read the package
+# as setuptools lays it out in strict editable mode: a link tree in build/, rebuilt each time
+# (new files appear in it), installed into a throwaway prefix so the venv's install is untouched.
+LINKS := build/__editable__.flowlearn-0.1.0-py3-none-any
 
-test: lint typecheck
+links: $(STAMP)
+	rm -rf $(LINKS) build/strict-prefix
+	$(PIP) install --quiet --no-deps --ignore-installed -e . \
+		--config-settings editable_mode=strict --prefix build/strict-prefix
+
+typecheck: links
+	$(VENV)/bin/mypy --config-file pyproject.toml -p flowlearn
+
+# One-way imports (pyproject's [tool.importlinter]); run outside the checkout so `flowlearn`
+# resolves to the link tree, not to the flowlearn/ folder in the working directory.
+imports: links
+	cd build && PYTHONPATH=$(CURDIR)/$(LINKS) $(CURDIR)/$(VENV)/bin/lint-imports \
+		$(CURDIR)/pyproject.toml
+
+test: lint typecheck imports
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

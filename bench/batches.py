@@ -30,7 +30,17 @@ def trajectories(transitions: int, seed: int = 0) -> list[Trajectory]:
             completion = [rng.randrange(50_000) for _ in range(120)]
             turns.append(
                 Transition(
-                    tid, group, "planner", turn, [], "", "ok", 0.0, prompt, completion, [-1.0] * 120
+                    trajectory_id=tid,
+                    group_id=group,
+                    node="planner",
+                    turn=turn,
+                    messages=[],
+                    output="",
+                    parse_status="ok",
+                    seconds=0.0,
+                    prompt_ids=prompt,
+                    completion_ids=completion,
+                    logprobs=[-1.0] * 120,
                 )
             )
         made += len(turns)

@@ -21,20 +21,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 import rollouts
 import torch
-from tiny_model import CHATML
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from fakes import FakeChatModel
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context
+from flowlearn.nodes.policies.scripted import ScriptedChatModel as FakeChatModel
 from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
 from flowlearn.nodes.tools import python_tool
 from flowlearn.training.metrics import read_metrics
@@ -61,6 +59,13 @@ TINY = dict(
     tie_word_embeddings=True,
     max_position_embeddings=4096,
 )
+
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A ChatML template for the locally built tokenizer."""
 
 
 def tokenizer(folder: Path) -> Any:
@@ -142,7 +147,7 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
         Case(str(i), f"What is {rng.randint(2, 99)} + {rng.randint(2, 99)}?", "0")
         for i in range(args.questions * args.steps)
     ]
-    trainer = FlowGRPOTrainer(
+    trainer = FlowGRPOTrainer.online(
         policy,
         args=grpo_config(out / "flow", args, cuda),
         engine=engine(),
@@ -150,7 +155,7 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
         scorer=lambda answer, case: Score(float(random.random() < 0.5), "random reward"),
         cases=cases,
         context=Context(
-            max_steps=args.turns, planner_temperature=1.0, planner_max_new_tokens=args.tokens
+            max_turns=args.turns, planner_temperature=1.0, planner_max_new_tokens=args.tokens
         ),
         processing_class=tok,
     )
@@ -225,7 +230,7 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
 
 def run_rollouts(args: argparse.Namespace, tok: Any, device: str, dtype: Any) -> dict:
     """bench/rollouts.py's comparison on this model: N flows batched vs one at a time."""
-    from flowlearn.nodes.hf_policy import HFPolicy
+    from flowlearn.nodes.policies.hf import HFPolicy
 
     policy = HFPolicy(model(args.shape, tok, device, dtype), tok, version="random-qwen2.5-0.5b")
     return rollouts.compare(policy, args.flows, args.rollout_tokens)

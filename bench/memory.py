@@ -33,18 +33,18 @@ def peak_rss_mib() -> int:
 def run_arm(arm: str, args: argparse.Namespace) -> int:
     """Run one arm in this process and return its peak RSS in MiB."""
     if arm == "online":
-        from flowlearn.training.config import TrainConfig, read_yaml
+        from flowlearn.training.config import parse_config
         from flowlearn.training.run import train
+        from flowlearn.training_parts import build_training_parts
 
         examples = HERE.parent / "examples"
-        values = read_yaml(examples / "train.yaml") | {
-            "data": str(examples / "train_questions.jsonl"),
-            "output_dir": tempfile.mkdtemp(prefix="flowlearn-mem-"),
-            "max_turns": 1,
-        }
+        flags = ["--config", str(examples / "train.yaml"), "--max_turns", "1"]
+        flags += ["--data", str(examples / "train_questions.jsonl")]
+        flags += ["--output_dir", tempfile.mkdtemp(prefix="flowlearn-mem-")]
         if args.planner:
-            values["planner"] = args.planner
-        train(TrainConfig.from_dict(values))
+            flags += ["--planner", args.planner]
+        config = parse_config(flags)
+        train(config, build_training_parts(config))
         return peak_rss_mib()
 
     from trl import GRPOTrainer
@@ -53,7 +53,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> int:
     from update import config, groups, prepare, stock_advantages, update
 
     from flowlearn.graphs import Context
-    from flowlearn.nodes.hf_loading import load_model_and_tokenizer
+    from flowlearn.nodes.policies.loading import load_model_and_tokenizer
     from flowlearn.training.trainer import FlowGRPOTrainer, unused_reward
 
     model, tokenizer = load_model_and_tokenizer(args.planner)
@@ -62,7 +62,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> int:
     data = groups(args.questions, args.group, args.prompt, args.completion, len(tokenizer))
     rows = args.questions * args.group
     out = Path(tempfile.mkdtemp(prefix="flowlearn-mem-"))
-    flow = FlowGRPOTrainer(
+    flow = FlowGRPOTrainer.offline(
         model,
         args=config(out / "flow", rows, args.group, args.completion),
         trajectories=data,

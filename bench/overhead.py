@@ -9,17 +9,16 @@ per step for each and writes bench/results/overhead.json.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 
-from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes.policies.scripted import ScriptedChatModel as FakeChatModel
+from flowlearn.nodes.policies.scripted import ScriptedPolicy
+from flowlearn.nodes.policies.scripted import planner_turn as plan
 from flowlearn.nodes.schema.sampling import Sampling
 
 RESULTS = Path(__file__).parent / "results" / "overhead.json"

@@ -22,9 +22,9 @@ import torch
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.batching import BatchingPolicy
-from flowlearn.nodes.hf_chat import HFChatModel
-from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policies.batching import BatchingPolicy
+from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.policies.hf_chat import HFChatModel
 from flowlearn.nodes.tools import default_tools
 from flowlearn.training import collect
 
@@ -37,7 +37,43 @@ QUESTIONS = [
 ]
 
 
-def run(policy: HFPolicy, cases: list[Case], group: int, concurrency: int, context: Context):
+class ForwardProbe:
+    """Rows and seconds of each forward pass of a model, from torch hooks outside the policy.
+
+    A forward over one new token per row is a decoding step; any other reads prompts.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.rows: list[int] = []
+        self.seconds = {"reading": 0.0, "decoding": 0.0}
+        self._started = 0.0
+        self._hooks = [
+            model.register_forward_pre_hook(self._before, with_kwargs=True),
+            model.register_forward_hook(self._after, with_kwargs=True),
+        ]
+
+    def _before(self, module, args, kwargs) -> None:
+        self._started = time.perf_counter()
+
+    def _after(self, module, args, kwargs, output) -> None:
+        ids = kwargs["input_ids"]
+        kind = "decoding" if ids.shape[1] == 1 else "reading"
+        self.seconds[kind] += time.perf_counter() - self._started
+        if kind == "decoding":
+            self.rows.append(int(ids.shape[0]))
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
+def run(
+    policy: HFPolicy | BatchingPolicy,
+    cases: list[Case],
+    group: int,
+    concurrency: int,
+    context: Context,
+):
     engine = HFChatModel(policy=policy, max_new_tokens=context.planner_max_new_tokens)
     graph = build_agentflow(policy, engine, default_tools(engine))
     start = time.perf_counter()
@@ -51,6 +87,16 @@ def run(policy: HFPolicy, cases: list[Case], group: int, concurrency: int, conte
         progress=True,
     )
     return trajectories, time.perf_counter() - start
+
+
+def run_probed(policy: BatchingPolicy, cases: list[Case], group: int, flows: int, context: Context):
+    """Run the batched arm with a `ForwardProbe` on its model."""
+    probe = ForwardProbe(policy.handle.model)
+    try:
+        trajectories, seconds = run(policy, cases, group, flows, context)
+    finally:
+        probe.remove()
+    return trajectories, seconds, probe
 
 
 def compare(
@@ -78,17 +124,18 @@ def compare(
     for repeat in range(repeats):
         batched_policy = BatchingPolicy(policy, max_batch_size=flows, max_wait_s=max_wait)
         if repeat % 2 == 0:
-            batched, pair_batched = run(batched_policy, cases, group, flows, context)
+            batched, pair_batched, probe = run_probed(batched_policy, cases, group, flows, context)
             sequential, pair_sequential = run(policy, cases, group, 1, context)
         else:
             sequential, pair_sequential = run(policy, cases, group, 1, context)
-            batched, pair_batched = run(batched_policy, cases, group, flows, context)
+            batched, pair_batched, probe = run_probed(batched_policy, cases, group, flows, context)
+        batched_policy.close()
         pairs.append(pair_sequential / pair_batched)
         batched_seconds += pair_batched
         sequential_seconds += pair_sequential
-        sizes += batched_policy.batch_sizes
-        reading += batched_policy.seconds["reading"]
-        decoding += batched_policy.seconds["decoding"]
+        sizes += probe.rows
+        reading += probe.seconds["reading"]
+        decoding += probe.seconds["decoding"]
     planner_tokens = [
         sum(len(t.get("completion_ids") or []) for t in r.transitions if t["node"] == "planner")
         for r in batched
@@ -103,11 +150,11 @@ def compare(
         "sequential_trajectories_per_second": repeats * len(sequential) / sequential_seconds,
         "speedup": sequential_seconds / batched_seconds,
         "speedup_per_pair": pairs,
-        "mean_rows_per_forward": sum(sizes) / len(sizes),
-        "batched_shares": {  # of the batched arm's wall time, from its worker thread
+        "mean_rows_per_forward": sum(sizes) / len(sizes),  # decoding steps
+        "batched_shares": {  # of the batched arm's wall time, in the model's forward passes
             "reading_prompts": reading / batched_seconds,
             "decoding": decoding / batched_seconds,
-            "model_idle": 1 - (reading + decoding) / batched_seconds,
+            "outside_forward": 1 - (reading + decoding) / batched_seconds,
         },
         "planner_tokens_per_trajectory": sum(planner_tokens) / len(planner_tokens),
     }

@@ -22,7 +22,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from flowlearn.graphs import Context
-from flowlearn.nodes.hf_loading import load_model_and_tokenizer
+from flowlearn.nodes.policies.loading import load_model_and_tokenizer
 from flowlearn.training import Trajectory, Transition
 from flowlearn.training.trainer import FlowGRPOTrainer, unused_reward
 
@@ -38,7 +38,17 @@ def groups(q: int, g: int, prompt: int, completion: int, vocab: int) -> list[Tra
             tid = f"{i}/{k}"
             done = [rng.randrange(vocab) for _ in range(completion)]
             turn = Transition(
-                tid, str(i), "planner", 1, [], "", "ok", 0.0, ids, done, [-2.0] * completion
+                trajectory_id=tid,
+                group_id=str(i),
+                node="planner",
+                turn=1,
+                messages=[],
+                output="",
+                parse_status="ok",
+                seconds=0.0,
+                prompt_ids=ids,
+                completion_ids=done,
+                logprobs=[-2.0] * completion,
             )
             out.append(
                 Trajectory(tid, str(i), "q", "r", "a", "a", float(k % 2), transitions=[turn])
@@ -115,7 +125,7 @@ def main() -> None:
     data = groups(args.questions, args.group, args.prompt, args.completion, len(tokenizer))
     rows = args.questions * args.group
     out = Path("/tmp/flowlearn-bench-update")
-    flow = FlowGRPOTrainer(
+    flow = FlowGRPOTrainer.offline(
         model,
         args=config(out / "flow", rows, args.group, args.completion),
         trajectories=data,

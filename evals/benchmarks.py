@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from flowlearn.evals.cases import Case, load_cases
-from flowlearn.evals.scorers import Score, exact_match, game24, math_equal, multiple_choice
+from flowlearn.evals.cases import Case, load_cases, read_records
+from flowlearn.evals.hub import adapt_records, load_hub_benchmark
+from flowlearn.evals.scorers import Score, scorer_named
 
 DATA_ENV = "FLOWLEARN_BENCHMARKS"
+"""Named in messages only: the composition root (flowlearn.compose) reads it."""
 
 
 @dataclass(frozen=True)
@@ -21,8 +20,8 @@ class Benchmark:
     name: str
     category: str
     scorer: str
-    """`exact_match`, `math_equal`, `game24` or `multiple_choice`; `--judge` swaps in the LLM
-    judge, as the paper does."""
+    """A name in `flowlearn.evals.scorers.SCORERS`; `--judge` swaps in the LLM judge, as the
+    paper does."""
     file: str | None
     """File name in the benchmarks folder; None for gated sets loaded from the hub."""
     hub_id: str | None = None
@@ -48,21 +47,27 @@ BENCHMARKS = {
 }
 
 
-def benchmarks_dir() -> Path:
-    """Return the benchmarks folder: `$FLOWLEARN_BENCHMARKS`, else the copy shipped in the package.
+SHIPPED_DIR = Path(__file__).resolve().parent / "data"
+"""The eight files shipped with the package: the AgentFlow authors' published test sets (MIT);
+`data/SOURCE.md` says where they come from and lists the paper's figures."""
 
-    The eight files are the AgentFlow authors' published test sets (MIT); `data/SOURCE.md` says
-    where they come from and lists the paper's figures.
+
+def benchmarks_dir(data_dir: str | Path | None = None) -> Path:
+    """Return the benchmarks folder: `data_dir` when given, else the copy shipped in the package.
+
+    The CLI passes `$FLOWLEARN_BENCHMARKS` here (flowlearn.compose reads the environment).
     """
-    if os.environ.get(DATA_ENV):
-        return Path(os.environ[DATA_ENV]).expanduser()
-    return Path(__file__).resolve().parent / "data"
+    return Path(data_dir).expanduser() if data_dir else SHIPPED_DIR
 
 
 def load_benchmark(
-    name: str, *, path: str | Path | None = None, limit: int | None = None
+    name: str,
+    *,
+    path: str | Path | None = None,
+    limit: int | None = None,
+    data_dir: str | Path | None = None,
 ) -> list[Case]:
-    """Load a registered benchmark from `path`, its shipped file, or its hub id.
+    """Load a registered benchmark from `path`, its file in `data_dir` (else shipped), or the hub.
 
     GAIA and GPQA (gated, not shipped) are read from `path`, else from `NAME.jsonl` (or .json,
     .parquet) in the benchmarks folder when the user saved a copy there, else from the hub;
@@ -76,11 +81,9 @@ def load_benchmark(
         raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(sorted(BENCHMARKS))}")
     bench = BENCHMARKS[name]
     if bench.hub_id is not None:  # gated: a local copy of its records, else the hub
-        from flowlearn.evals.cases import read_records
-        from flowlearn.evals.hub import adapt_records, load_hub_benchmark
-
         copies = [
-            benchmarks_dir() / f"{name}{suffix}" for suffix in (".jsonl", ".json", ".parquet")
+            benchmarks_dir(data_dir) / f"{name}{suffix}"
+            for suffix in (".jsonl", ".json", ".parquet")
         ]
         local = Path(path) if path is not None else next((c for c in copies if c.is_file()), None)
         if local is None:
@@ -88,39 +91,22 @@ def load_benchmark(
         return adapt_records(bench.hub_id, read_records(local), limit=limit)
     if path is not None:
         return load_cases(path, limit=limit)
-    source = benchmarks_dir() / str(bench.file)  # every benchmark not on the hub ships a file
+    source = benchmarks_dir(data_dir) / str(
+        bench.file
+    )  # every benchmark not on the hub ships a file
     if not source.is_file():
         raise FileNotFoundError(
-            f"{source} not found; set {DATA_ENV} to the folder holding {bench.file} or pass a path"
+            f"{source} not found; set {DATA_ENV} (or pass data_dir) to the folder holding "
+            f"{bench.file}, or pass a path"
         )
     return load_cases(source, limit=limit)
 
 
 def score_case(scorer: str, prediction: str, case: Case) -> Score:
-    """Score a prediction for `case` with the named rule-based scorer."""
-    rules: dict[str, Callable[[str, Case], Score]] = {
-        "exact_match": lambda p, c: exact_match(p, _refs(c.reference)),
-        "math_equal": lambda p, c: math_equal(p, c.reference),
-        "game24": lambda p, c: game24(p, _numbers(c)),
-        "multiple_choice": lambda p, c: multiple_choice(
-            p, str(c.reference), c.metadata.get("options", [])
-        ),
-    }
-    if scorer not in rules:
-        raise KeyError(f"unknown scorer {scorer!r}; known: {sorted(rules)}")
-    return rules[scorer](prediction, case)
+    """Score a prediction for `case` with the named rule-based scorer (see `SCORERS`).
 
+    Raises:
+        KeyError: an unknown scorer name, listing the known ones.
 
-def _refs(reference: Any) -> list[str]:
-    return [str(r) for r in reference] if isinstance(reference, list) else [str(reference)]
-
-
-def _numbers(case: Case) -> list[int | float]:
-    numbers = case.metadata.get("numbers", case.metadata.get("question"))
-    if isinstance(numbers, str):
-        from flowlearn.evals.cases import _literal
-
-        numbers = _literal(numbers)
-    if not isinstance(numbers, list):
-        return []
-    return [n for n in numbers if isinstance(n, int | float)]
+    """
+    return scorer_named(scorer)(prediction, case)

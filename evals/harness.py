@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import logging
-import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flowlearn.evals.cases import Case
-from flowlearn.evals.scorers import Score
-
-logger = logging.getLogger(__name__)
-
-CaseScorer = Callable[[str, Case], Score]
+from flowlearn.evals.files import JsonlFile
+from flowlearn.evals.runner import run_resumable
+from flowlearn.evals.scorers import CaseScorer, Score
 
 
 @dataclass
@@ -56,22 +50,22 @@ def summarize_run(case: Case, state: dict[str, Any], score: Score, seconds: floa
     )
 
 
-def read_results(path: Path) -> list[CaseResult]:
-    """Read a results file, skipping a torn last line (a crash mid-write) with a warning."""
-    if not path.exists():
-        return []
+def read_results(path: str | Path) -> list[CaseResult]:
+    """Read a results file, skipping undecodable (torn) lines with a warning.
+
+    Raises:
+        ValueError: a line that is JSON but not a result, named by file and line.
+
+    """
+    file = JsonlFile(path)
     results = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, data in file.read():
         try:
-            results.append(CaseResult(**json.loads(line)))
-        except (ValueError, TypeError):
-            if number == len(lines):
-                logger.warning("%s: skipping a torn last line (an interrupted write)", path)
-                continue
-            raise ValueError(f"{path}:{number} is not a result line; move the file away") from None
+            results.append(CaseResult(**data))
+        except TypeError:
+            raise ValueError(
+                f"{file.path}:{number} is not a result line; move the file away"
+            ) from None
     return results
 
 
@@ -90,10 +84,10 @@ def run_eval(
     Args:
         graph_or_factory: a compiled graph, or a zero-argument function returning one.
         cases: the cases; ids must be unique.
-        scorer: `(answer, case) -> Score`, e.g. from `flowlearn.evals.benchmarks.score_case`.
+        scorer: `(answer, case) -> Score`, e.g. `flowlearn.evals.scorers.SCORERS["token_f1"]`.
         concurrency: cases in flight at once (threads).
         results_path: a JSONL file; cases already in it are not run again (resume), and each
-            new result is appended and flushed as soon as it is known.
+            new result is appended durably as soon as it is known.
         context: the graph's `Context` for every run.
         progress: show a tqdm progress bar.
 
@@ -104,53 +98,38 @@ def run_eval(
     if len(set(ids)) != len(ids):
         raise ValueError("case ids must be unique; duplicates would make resuming ambiguous")
     graph = graph_or_factory if hasattr(graph_or_factory, "invoke") else graph_or_factory()
-    path = Path(results_path) if results_path is not None else None
-    done = {r.id: r for r in read_results(path)} if path else {}
-    todo = [case for case in cases if case.id not in done]
-    lock = threading.Lock()
-    if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def run_one(case: Case) -> CaseResult:
-        start = time.perf_counter()
-        try:
-            state = graph.invoke({"question": case.query}, context=context)
-            score = scorer(state.get("answer", ""), case)
-            result = summarize_run(case, state, score, time.perf_counter() - start)
-        except Exception as exc:
-            result = CaseResult(
-                id=case.id,
-                query=case.query,
-                reference=case.reference,
-                answer="",
-                score=0.0,
-                reason="run failed",
-                turns=0,
-                seconds=round(time.perf_counter() - start, 3),
-                error=f"{type(exc).__name__}: {exc}",
-            )
-        if path:
-            with lock, path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(asdict(result), ensure_ascii=False, default=str) + "\n")
-                handle.flush()
-        return result
-
-    from tqdm.auto import tqdm
-
-    fresh: dict[str, CaseResult] = {}
-    with (
-        ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool,
-        tqdm(
-            total=len(cases),
-            initial=len(cases) - len(todo),
-            disable=not progress,
-            desc="eval",
-            unit="case",
-        ) as bar,
-    ):
-        for future in as_completed([pool.submit(run_one, case) for case in todo]):
-            result = future.result()
-            fresh[result.id] = result
-            bar.update(1)
+    file = JsonlFile(results_path) if results_path is not None else None
+    done = {r.id: r for r in read_results(file.path)} if file else {}
+    fresh = run_resumable(
+        {case.id: case for case in cases},
+        lambda case: run_case(graph, case, scorer, context),
+        done=done,
+        save=(lambda result: file.append(asdict(result))) if file else None,
+        concurrency=concurrency,
+        progress=progress,
+        label="eval",
+        unit="case",
+    )
     merged = {**done, **fresh}
-    return [merged[case.id] for case in cases]
+    return [merged[case.id] for case in cases if case.id in merged]
+
+
+def run_case(graph: Any, case: Case, scorer: CaseScorer, context: Any = None) -> CaseResult:
+    """Run one case through the graph and score it; a failed run is a result with its error."""
+    start = time.perf_counter()
+    try:
+        state = graph.invoke({"question": case.query}, context=context)
+        score = scorer(state.get("answer", ""), case)
+        return summarize_run(case, state, score, time.perf_counter() - start)
+    except Exception as exc:
+        return CaseResult(
+            id=case.id,
+            query=case.query,
+            reference=case.reference,
+            answer="",
+            score=0.0,
+            reason="run failed",
+            turns=0,
+            seconds=round(time.perf_counter() - start, 3),
+            error=f"{type(exc).__name__}: {exc}",
+        )

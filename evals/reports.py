@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flowlearn.evals.files import write_atomically, write_text_atomically
 from flowlearn.evals.harness import CaseResult
 
 
@@ -128,8 +127,10 @@ def plot(summary: dict[str, Any], results: Sequence[CaseResult], path: Path) -> 
     right.set_ylabel("cases")
     right.set_title(f"turns per case (mean {summary['mean_turns']:.2f})")
     fig.tight_layout()
-    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    try:
+        write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    finally:
+        plt.close(fig)
 
 
 def write_reports(
@@ -140,20 +141,7 @@ def write_reports(
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(results, **summary_kwargs)
     payload = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
-    _atomic(out / "report.json", lambda tmp: Path(tmp).write_text(payload, encoding="utf-8"))
-    markdown = to_markdown(summary, results)
-    _atomic(out / "report.md", lambda tmp: Path(tmp).write_text(markdown, encoding="utf-8"))
+    write_text_atomically(out / "report.json", payload)
+    write_text_atomically(out / "report.md", to_markdown(summary, results))
     plot(summary, results, out / "report.png")
     return summary
-
-
-def _atomic(path: Path, write: Any) -> None:
-    """Write through a temporary file and rename it, so readers never see half a report."""
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

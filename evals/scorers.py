@@ -1,7 +1,9 @@
-"""Scorers: pure functions shared by evals and training rewards.
+"""Scorers: pure functions shared by evals and training rewards, and the one table of them.
 
 Every scorer returns a `Score` with `value` in [0, 1] and a human-readable `reason`, and never
-raises on any prediction text: a malformed prediction scores 0 with the reason why.
+raises on any prediction text: a malformed prediction scores 0 with the reason why. `SCORERS`
+maps each rule-based scorer's name to its `(answer, case) -> Score` form; `flowlearn eval`,
+`flowlearn collect`, training and `score_case` all look names up there.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from flowlearn.evals.arithmetic import ExpressionError, evaluate, numbers_used, parse_expression
+from flowlearn.evals.cases import Case, _literal
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -201,3 +204,52 @@ def llm_judge(
     if not isinstance(verdict, Judgement):
         return Score(0.0, "judge gave no verdict")
     return Score(1.0 if verdict.true_false else 0.0, verdict.analysis)
+
+
+CaseScorer = Callable[[str, Case], Score]
+"""`(answer, case) -> Score`: a scorer that reads what it needs from the case."""
+
+
+def _references(case: Case) -> list[str]:
+    reference = case.reference
+    return [str(r) for r in reference] if isinstance(reference, list) else [str(reference)]
+
+
+def _numbers(case: Case) -> list[int | float]:
+    numbers = _literal(case.metadata.get("numbers", case.metadata.get("question")))
+    if not isinstance(numbers, list):
+        return []
+    return [n for n in numbers if isinstance(n, int | float)]
+
+
+SCORERS: dict[str, CaseScorer] = {
+    "exact_match": lambda answer, case: exact_match(answer, _references(case)),
+    "token_f1": lambda answer, case: token_f1(answer, _references(case)),
+    "math_equal": lambda answer, case: math_equal(answer, case.reference),
+    "game24": lambda answer, case: game24(answer, _numbers(case)),
+    "multiple_choice": lambda answer, case: multiple_choice(
+        answer, str(case.reference), case.metadata.get("options", [])
+    ),
+}
+"""Every rule-based scorer by name; `--judge` swaps in `llm_judge` instead."""
+
+
+def scorer_named(name: str) -> CaseScorer:
+    """Return the scorer called `name`.
+
+    Raises:
+        KeyError: an unknown name, listing the known ones.
+
+    """
+    if name not in SCORERS:
+        raise KeyError(f"unknown scorer {name!r}; known: {', '.join(sorted(SCORERS))}")
+    return SCORERS[name]
+
+
+def judge_scorer(judge: BaseChatModel) -> CaseScorer:
+    """Return a scorer asking `judge` whether the answer matches the case's reference."""
+
+    def score(answer: str, case: Case) -> Score:
+        return llm_judge(answer, _references(case), judge=judge, question=case.query)
+
+    return score

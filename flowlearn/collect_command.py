@@ -6,15 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flowlearn.flow_setup import UsageError, add_flow_options, build_flow
+from flowlearn.compose import build_flow
+from flowlearn.eval_command import cases_and_scorer
+from flowlearn.evals.benchmarks import BENCHMARKS
+from flowlearn.evals.scorers import SCORERS
+from flowlearn.flow_setup import UsageError, add_flow_options, context_from_args, spec_from_args
 from flowlearn.nodes.schema import token_faithful
 
 
 def add_parser(commands: Any) -> None:
     """Register the `collect` subcommand."""
-    from flowlearn.eval_command import SCORERS
-    from flowlearn.evals.benchmarks import BENCHMARKS
-
     parser = commands.add_parser(
         "collect",
         help="collect G rewarded rollouts per question for Flow-GRPO",
@@ -25,7 +26,9 @@ def add_parser(commands: Any) -> None:
     source = parser.add_argument_group("data")
     source.add_argument("--benchmark", choices=sorted(BENCHMARKS), help="a registered benchmark")
     source.add_argument("--data", type=Path, help="a .json/.jsonl/.parquet file of cases")
-    source.add_argument("--scorer", choices=SCORERS, help="scorer (default: the benchmark's)")
+    source.add_argument(
+        "--scorer", choices=sorted(SCORERS), help="scorer (default: the benchmark's)"
+    )
     source.add_argument("--limit", type=int, help="use only the first N questions")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per question (8)")
     parser.add_argument("--out", type=Path, required=True, help="trajectory store (.jsonl)")
@@ -48,7 +51,6 @@ def add_parser(commands: Any) -> None:
 
 def collect_command(args: argparse.Namespace) -> int:
     """Collect and store."""
-    from flowlearn.eval_command import load_cases_and_scorer
     from flowlearn.training.collect import collect, format_penalty
     from flowlearn.training.store import TrajectoryStore
 
@@ -56,8 +58,9 @@ def collect_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--group-size must be >= 1, got {args.group_size}")
     if args.out.suffix != ".jsonl":
         raise UsageError(f"--out {args.out} must be a .jsonl file")
-    name, cases, scorer, _ = load_cases_and_scorer(args)
-    flow = build_flow(args)
+    spec = spec_from_args(args)
+    name, cases, scorer, _ = cases_and_scorer(args, spec.benchmarks_dir)
+    flow = build_flow(spec, context_from_args(args))
     extra = {"format_penalty": format_penalty(args.format_penalty)} if args.format_penalty else {}
     trajectories = collect(
         flow.graph,

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from flowlearn.flow_setup import UsageError, add_flow_options, build_flow
+from langchain_core.language_models import BaseChatModel
 
-SCORERS = ("exact_match", "math_equal", "game24", "multiple_choice")
+from flowlearn.compose import build_flow
+from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
+from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import SCORERS, CaseScorer
+from flowlearn.evals.tasks import load_cases_and_scorer
+from flowlearn.flow_setup import UsageError, add_flow_options, context_from_args, spec_from_args
 
 
 def add_parser(commands: Any) -> None:
     """Register the `eval` subcommand."""
-    from flowlearn.evals.benchmarks import BENCHMARKS
-
     parser = commands.add_parser(
         "eval",
         help="evaluate the flow on a benchmark",
@@ -24,7 +28,9 @@ def add_parser(commands: Any) -> None:
     source = parser.add_argument_group("data")
     source.add_argument("--benchmark", choices=sorted(BENCHMARKS), help="a registered benchmark")
     source.add_argument("--data", type=Path, help="a .json/.jsonl/.parquet file of cases")
-    source.add_argument("--scorer", choices=SCORERS, help="scorer (default: the benchmark's)")
+    source.add_argument(
+        "--scorer", choices=sorted(SCORERS), help="scorer (default: the benchmark's)"
+    )
     source.add_argument("--limit", type=int, help="evaluate only the first N cases")
     parser.add_argument("--judge", help="model for an LLM judge instead of the rule scorer")
     parser.add_argument("--out", type=Path, help="output folder (default: runs/eval-NAME)")
@@ -39,8 +45,9 @@ def eval_command(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
-    name, cases, scorer, bench = load_cases_and_scorer(args)
-    flow = build_flow(args)
+    spec = spec_from_args(args)
+    name, cases, scorer, bench = cases_and_scorer(args, spec.benchmarks_dir)
+    flow = build_flow(spec, context_from_args(args))
     out = args.out or Path("runs") / f"eval-{name}"
     results = run_eval(
         flow.graph,
@@ -66,45 +73,30 @@ def eval_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_cases_and_scorer(args: argparse.Namespace) -> tuple[str, list[Any], Any, Any]:
+def cases_and_scorer(
+    args: argparse.Namespace, data_dir: str | None = None
+) -> tuple[str, list[Case], CaseScorer, Benchmark | None]:
     """Resolve --benchmark/--data, --limit, --scorer and --judge into cases and a scorer.
 
-    Returns the name, the cases, a `(answer, case) -> Score` scorer and the Benchmark (or None).
+    Returns the name, the cases, the scorer and the Benchmark (or None for --data).
     """
-    from flowlearn.evals.benchmarks import BENCHMARKS, load_benchmark, score_case
-    from flowlearn.evals.cases import load_cases
-
-    if (args.benchmark is None) == (args.data is None):
-        raise UsageError("give exactly one of --benchmark NAME or --data PATH")
-    if args.limit is not None and args.limit < 1:
-        raise UsageError(f"--limit must be >= 1, got {args.limit}")
-    bench = BENCHMARKS.get(args.benchmark) if args.benchmark else None
     judge = getattr(args, "judge", None)
-    scorer_name = args.scorer or (bench.scorer if bench else None)
-    if scorer_name is None and judge is None:
-        raise UsageError("--data needs --scorer (or --judge) to know how to score answers")
     try:
-        cases = (
-            load_benchmark(args.benchmark, limit=args.limit)
-            if bench
-            else load_cases(args.data, limit=args.limit)
+        cases, scorer = load_cases_and_scorer(
+            benchmark=args.benchmark,
+            data=args.data,
+            scorer=args.scorer,
+            limit=args.limit,
+            judge=partial(_judge_model, judge, args.device) if judge else None,
+            data_dir=data_dir,
         )
-    except (OSError, ValueError, KeyError) as exc:
+    except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if judge:
-        scorer = _judge_scorer(judge, args.device)
-    else:
-
-        def scorer(answer: str, case: Any) -> Any:
-            return score_case(str(scorer_name), answer, case)
-
-    return args.benchmark or args.data.stem, cases, scorer, bench
+    return args.benchmark or args.data.stem, cases, scorer, BENCHMARKS.get(args.benchmark)
 
 
-def _judge_scorer(model: str, device: str | None) -> Any:
-    from flowlearn.evals.scorers import llm_judge
-    from flowlearn.nodes.hf_chat import HFChatModel
-    from flowlearn.nodes.hf_policy import HFPolicy
+def _judge_model(model: str, device: str | None) -> BaseChatModel:
+    from flowlearn.nodes.policies.hf import HFPolicy
+    from flowlearn.nodes.policies.hf_chat import HFChatModel
 
-    judge = HFChatModel(policy=HFPolicy.from_pretrained(model, device=device), max_new_tokens=256)
-    return lambda answer, case: llm_judge(answer, case.reference, judge=judge, question=case.query)
+    return HFChatModel(policy=HFPolicy.from_pretrained(model, device=device), max_new_tokens=256)

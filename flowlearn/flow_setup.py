@@ -1,17 +1,39 @@
-"""Command-line options shared by `run`, `eval` and `collect`, and the flow they build."""
+"""Command-line options shared by `run`, `eval` and `collect`, and the flow they build.
+
+The run-scoped flags come from `Context`'s own fields (defaults and help text included), so a
+setting has one declaration; the model and tool flags name a `FlowSpec` for the composition
+root (`flowlearn.compose`), which reads the environment for what the flags leave unset.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import warnings
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import MISSING, fields
 from typing import Any
 
+from flowlearn.compose import Flow, FlowSpec, UsageError, build_flow
+from flowlearn.graphs import Context
 
-class UsageError(ValueError):
-    """A bad option value; the CLI prints it and exits with status 2."""
+__all__ = [
+    "Flow",
+    "UsageError",
+    "add_flow_options",
+    "build_cli_flow",
+    "context_from_args",
+    "spec_from_args",
+]
+
+CONTEXT_FLAGS = {
+    "max_turns": "--max-turns",
+    "max_seconds": "--max-seconds",
+    "planner_temperature": "--temperature",
+    "planner_top_p": "--top-p",
+    "planner_max_new_tokens": "--max-new-tokens",
+    "seed": "--seed",
+}
+"""The `Context` fields the CLI sets, and their flags (`--tools` is parsed as a list)."""
 
 
 class DeprecatedAlias(argparse.Action):
@@ -24,21 +46,20 @@ class DeprecatedAlias(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        """Warn once, then store the value as the new option would."""
+        """Warn, then store the value as the new option would."""
         new = "--" + str(self.dest).replace("_", "-")
-        warnings.warn(
-            f"{option_string} is deprecated; use {new} (planner turns)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        print(f"warning: {option_string} is deprecated; use {new}", file=sys.stderr)
+        message = f"{option_string} is deprecated; use {new} (planner turns)"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        print(f"warning: {message}", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 
-def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int = 10) -> None:
-    """Add the model, sampling, budget and tool options."""
+def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int | None = None) -> None:
+    """Add the model, run-context and tool options (`max_turns` overrides its default)."""
     models = parser.add_argument_group("models")
-    models.add_argument("--planner", help="planner model: hub id, local folder or .gguf file")
+    models.add_argument(
+        "--planner", help="planner model: hub id, local folder or .gguf file ($FLOWLEARN_PLANNER)"
+    )
     models.add_argument("--engine", help="fixed engine model (default: the planner's model)")
     models.add_argument(
         "--planner-url",
@@ -50,102 +71,59 @@ def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int = 10) ->
     models.add_argument(
         "--engine-max-new-tokens", type=int, default=384, help="engine tokens per call (384)"
     )
-    flow = parser.add_argument_group("flow")
+    flow = parser.add_argument_group("flow (the run's Context)")
+    by_name = {f.name: f for f in fields(Context)}
+    for name, flag in CONTEXT_FLAGS.items():
+        f = by_name[name]
+        default = f.default if f.default is not MISSING else None
+        if name == "max_turns" and max_turns is not None:
+            default = max_turns
+        kind = int if name in {"max_turns", "planner_max_new_tokens", "seed"} else float
+        help_text = f.metadata["description"] + (f" ({default})" if default is not None else "")
+        flow.add_argument(flag, dest=name, type=kind, default=default, help=help_text)
     flow.add_argument(
-        "--max-turns", type=int, default=max_turns, help=f"planner turns allowed ({max_turns})"
+        "--max-steps", type=int, dest="max_turns", action=DeprecatedAlias, help=argparse.SUPPRESS
     )
-    flow.add_argument(
-        "--max-steps",
-        type=int,
-        dest="max_turns",
-        action=DeprecatedAlias,
-        help="deprecated alias of --max-turns",
-    )
-    flow.add_argument("--max-seconds", type=float, help="wall-clock budget per question")
-    flow.add_argument("--temperature", type=float, default=0.7, help="planner temperature (0.7)")
-    flow.add_argument("--top-p", type=float, default=1.0, help="planner top-p (1.0)")
-    flow.add_argument("--max-new-tokens", type=int, default=256, help="planner tokens per turn")
-    flow.add_argument("--seed", type=int, help="seed for the planner's sampling")
     flow.add_argument("--tools", help="comma-separated tool names to enable (default: all)")
     flow.add_argument("--corpus", help="JSONL corpus for local_search ($FLOWLEARN_CORPUS)")
     flow.add_argument(
-        "--web", action="store_true", help="add wikipedia_search and web_search (TAVILY_API_KEY)"
+        "--web",
+        action="store_true",
+        default=None,
+        help="add wikipedia_search and web_search (TAVILY_API_KEY; $FLOWLEARN_WEB_TOOLS=1)",
     )
 
 
-@dataclass
-class Flow:
-    """A compiled graph with what it was built from."""
+def context_from_args(args: argparse.Namespace) -> Context:
+    """Build the run's Context from the flags, as a usage error when a value is bad."""
+    values = {name: getattr(args, name) for name in CONTEXT_FLAGS}
+    values["tools"] = tuple(t.strip() for t in args.tools.split(",")) if args.tools else None
+    try:
+        return Context(**values)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
-    graph: Any
-    context: Any
-    planner: Any
-    engine: Any
-    tool_names: list[str]
+
+def spec_from_args(args: argparse.Namespace) -> FlowSpec:
+    """Name the flow's parts from the flags; unset ones come from `FLOWLEARN_*` variables."""
+    return FlowSpec.from_env(
+        planner=args.planner,
+        engine=args.engine,
+        planner_url=args.planner_url,
+        device=args.device,
+        dtype=args.dtype,
+        engine_max_new_tokens=args.engine_max_new_tokens,
+        corpus=args.corpus,
+        web=args.web,
+        batch_size=getattr(args, "concurrency", 1),  # concurrent flows share batches
+    )
 
 
-def build_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flow:
-    """Validate the options, load the local models and compile the flow.
+def build_cli_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flow:
+    """Check the names, load the models and compile the flow the flags describe.
 
     Raises:
         UsageError: a bad option value or a missing model, with how to fix it.
 
     """
-    from flowlearn.graphs import Context, build_agentflow
-    from flowlearn.nodes.hf_loading import ModelNotFoundError
-    from flowlearn.nodes.local_models import load_local_models
-    from flowlearn.nodes.tools import default_tools
-
-    try:
-        context = Context(
-            max_turns=args.max_turns,
-            max_seconds=args.max_seconds,
-            planner_temperature=args.temperature,
-            planner_top_p=args.top_p,
-            planner_max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-            tools=tuple(t.strip() for t in args.tools.split(",")) if args.tools else None,
-        )
-        if args.corpus is not None and not Path(args.corpus).is_file():
-            raise ValueError(f"--corpus {args.corpus} is not a file; give a JSONL corpus")
-        if args.planner_url is not None and not args.planner:
-            raise ValueError(
-                "--planner-url needs --planner: the name the server serves the model under"
-            )
-        local_planner = None if args.planner_url else args.planner
-        models = load_local_models(
-            local_planner,
-            args.engine,
-            device=args.device,
-            dtype=args.dtype,
-            engine_max_new_tokens=args.engine_max_new_tokens,
-            batch_size=getattr(args, "concurrency", 1),  # concurrent flows share batches
-        )
-        tools = default_tools(models.engine, corpus=args.corpus, web=args.web or None)
-        planner = models.planner if args.planner_url is None else server_planner(args)
-    except (ValueError, ModelNotFoundError) as exc:
-        raise UsageError(str(exc)) from exc
-    names = [tool.name for tool in tools]
-    unknown = sorted(set(context.tools or ()) - set(names))
-    if unknown:
-        raise UsageError(f"unknown tools {unknown}; available: {sorted(names)}")
-    graph = build_agentflow(planner, models.engine, tools, checkpointer=checkpointer)
-    return Flow(graph, context, planner, models.engine, sorted(context.tools or names))
-
-
-def server_planner(args: argparse.Namespace) -> Any:
-    """Return the planner on the server at `--planner-url`, serving the `--planner` model.
-
-    When the model's tokenizer loads here (a local folder, or a hub id with hub access), the
-    chat template is applied here and prompts go to the server as token ids; otherwise the
-    server renders them. Either way the transitions carry the ids the server returns.
-    """
-    from flowlearn.nodes.server_policy import ServerPolicy
-
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.planner)
-    except (OSError, ValueError):
-        tokenizer = None
-    return ServerPolicy(args.planner_url, args.planner, tokenizer=tokenizer)
+    return build_flow(spec_from_args(args), context_from_args(args), checkpointer=checkpointer)

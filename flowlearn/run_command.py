@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from flowlearn.flow_setup import UsageError, add_flow_options, build_flow
+from flowlearn.evals.files import JsonlFile
+from flowlearn.flow_setup import UsageError, add_flow_options, build_cli_flow
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -53,7 +54,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.resume == bool(args.question):
         raise UsageError("give a question, or --resume --thread ID without one")
     if args.thread is None:
-        return answer(args, build_flow(args), None, None)
+        return answer(args, build_cli_flow(args), None, None)
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     args.checkpoints.parent.mkdir(parents=True, exist_ok=True)
@@ -67,14 +68,14 @@ def run_command(args: argparse.Namespace) -> int:
                 f"thread {args.thread!r} already has a run in {args.checkpoints}; "
                 "add --resume to continue it, or use another --thread"
             )
-        return answer(args, build_flow(args, checkpointer=saver), saver, config)
+        return answer(args, build_cli_flow(args, checkpointer=saver), saver, config)
 
 
 def answer(args: argparse.Namespace, flow: Any, saver: Any, config: Any) -> int:
     """Stream the run (new, or resumed from its checkpoint) and print the answer."""
-    from flowlearn.nodes.server_policy import ServerPolicy
+    from flowlearn.nodes.policies.server import ServerPolicy
 
-    planner = flow.planner.version
+    planner = str(getattr(flow.planner, "version", type(flow.planner).__name__))
     if isinstance(flow.planner, ServerPolicy):  # say where its prompts are rendered
         where = "here" if flow.planner.tokenizer is not None else "by the server"
         planner += f" at {flow.planner.url} (prompts rendered {where})"
@@ -134,12 +135,8 @@ def print_update(node: str, update: dict[str, Any]) -> None:
 
 
 def save_run(path: Path, state: dict[str, Any], context: dict[str, Any]) -> None:
-    """Append one run as a JSON line and flush it to disk."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"context": context, **state}
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        handle.flush()
+    """Append one run as a JSON line, durably (a torn line from a crash is repaired first)."""
+    JsonlFile(path).append({"context": context, **state})
 
 
 def _short(text: str, limit: int = 160) -> str:

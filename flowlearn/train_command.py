@@ -1,41 +1,41 @@
-"""`flowlearn train`: Flow-GRPO training from a YAML config and/or flags."""
+"""`flowlearn train`: Flow-GRPO training from a YAML config and/or flags, parsed by TRL."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 from typing import Any
 
 from flowlearn.flow_setup import UsageError
 
 
 def add_parser(commands: Any) -> None:
-    """Register the `train` subcommand, one flag per `TrainConfig` field."""
-    from flowlearn.training.config import add_config_flags
+    """Register `train`; its options are parsed later by TRL's parser, with trl imported.
 
+    The subcommand takes every string after `train` as is (its prefix is no dash), so building
+    the CLI stays light; `flowlearn train --help` lists every TRL and flow option.
+    """
     parser = commands.add_parser(
         "train",
-        help="train the planner with Flow-GRPO (TRL)",
-        description="Train the planner with Flow-GRPO: online (rollouts through the flow on "
-        "--benchmark/--data) or offline (--trajectories). Settings come from --config FILE.yaml "
-        "and/or flags (flags win); unknown keys are errors.",
+        help="train the planner with Flow-GRPO (TRL); `flowlearn train --help` lists the options",
+        add_help=False,
+        prefix_chars="\0",
     )
-    parser.add_argument("--config", type=Path, help="YAML file of config keys")
-    add_config_flags(parser)
+    parser.add_argument("options", nargs=argparse.REMAINDER)
 
 
 def train_command(args: argparse.Namespace) -> int:
     """Validate the config, train, and say where the final policy is."""
-    from flowlearn.training.config import config_from_args
+    from flowlearn.training.config import parse_config
+    from flowlearn.training.run import resume_point, train
+    from flowlearn.training_parts import build_training_parts
 
     try:
-        config = config_from_args(args)
+        config = parse_config(args.options)
+        resume_from = resume_point(config)  # checked before any model is loaded
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
-    from flowlearn.training.run import train
-
-    final = train(config)
+    final = train(config, build_training_parts(config), resume_from=resume_from)
     if os.environ.get("RANK", "0") == "0":  # under `accelerate launch`, the main process says it
         print(f"final policy: {final} (use it: flowlearn run QUESTION --planner {final})")
     return 0

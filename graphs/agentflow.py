@@ -12,8 +12,8 @@ from flowlearn.graphs.routing import route_after_planner, route_after_verifier
 from flowlearn.nodes.executor import make_executor
 from flowlearn.nodes.generator import make_generator
 from flowlearn.nodes.planner import make_planner
-from flowlearn.nodes.policy import ChatModelPolicy, Policy
-from flowlearn.nodes.render import is_transient, last_attempt_records_errors
+from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
+from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.state import InputState, State
 from flowlearn.nodes.verifier import make_verifier
@@ -23,11 +23,6 @@ if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
     from langgraph.checkpoint.base import BaseCheckpointSaver
     from langgraph.graph.state import CompiledStateGraph
-
-ENGINE_RETRY = RetryPolicy(
-    initial_interval=0.5, backoff_factor=2.0, max_attempts=3, jitter=True, retry_on=is_transient
-)
-"""Retry a node whose model call hit a transient error (timeout, dropped connection, 429/5xx)."""
 
 
 def as_policy(planner: Policy | BaseChatModel) -> Policy:
@@ -62,7 +57,8 @@ def build_agentflow(
         tools: LangChain tools the planner may choose from.
         checkpointer: Optional checkpointer (e.g. `SqliteSaver`) for durable, resumable runs.
         name: The compiled graph's name.
-        retry_policy: How each node retries transient model errors (None: never). Once its
+        retry_policy: How each node retries its transient model errors (None: never); bound
+            into the nodes when they are built, so hand-composed graphs get the same. Once its
             attempts are spent, and for any other engine error, the error is recorded in
             memory and transitions, and the run goes on.
 
@@ -80,15 +76,13 @@ def build_agentflow(
 
     graph = StateGraph(State, context_schema=Context, input_schema=InputState)
     retry = retry_policy
-    attempts = retry.max_attempts if retry is not None else 1
-    nodes = {
-        "planner": make_planner(as_policy(planner_policy), tools, analysis_engine=engine),
-        "executor": make_executor(engine, tools),
-        "verifier": make_verifier(engine),
-        "generator": make_generator(engine),
-    }
-    for node_name, node in nodes.items():
-        graph.add_node(node_name, last_attempt_records_errors(node, attempts), retry_policy=retry)
+    graph.add_node(
+        "planner",
+        make_planner(as_policy(planner_policy), tools, analysis_engine=engine, retry=retry),
+    )
+    graph.add_node("executor", make_executor(engine, tools, retry=retry))
+    graph.add_node("verifier", make_verifier(engine, retry=retry))
+    graph.add_node("generator", make_generator(engine, retry=retry))
     graph.add_edge(START, "planner")
     graph.add_conditional_edges("planner", route_after_planner)
     graph.add_edge("executor", "verifier")

@@ -11,7 +11,8 @@ from flowlearn.nodes.parsing import (
     parse_verdict,
 )
 from flowlearn.nodes.planner import make_planner
-from flowlearn.nodes.policy import ChatModelPolicy, Policy
+from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
+from flowlearn.nodes.policies.server import ServerPolicy
 from flowlearn.nodes.render import policy_transition
 from flowlearn.nodes.schema import (
     Context,
@@ -24,7 +25,6 @@ from flowlearn.nodes.schema import (
     Transition,
     token_faithful,
 )
-from flowlearn.nodes.server_policy import ServerPolicy
 from flowlearn.nodes.verifier import make_verifier
 
 __all__ = [

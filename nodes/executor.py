@@ -13,18 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage
 from langchain_core.tools import BaseTool
+from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.catalogue import describe_tool, tool_arguments
 from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.prompts import EXECUTOR_JSON_FALLBACK_PROMPT, EXECUTOR_PROMPT
 from flowlearn.nodes.render import (
     emit,
-    engine_error,
     prompt_messages,
     summarize,
     transition,
     truncate,
 )
+from flowlearn.nodes.retry import ENGINE_RETRY, engine_error, retrying
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord
 from flowlearn.nodes.schema.state import State
@@ -114,11 +115,46 @@ def propose_arguments(
     return arguments, text, "ok" if arguments is not None else "format_error"
 
 
+def run_tool(
+    record: StepRecord,
+    tool: BaseTool,
+    arguments: dict[str, Any] | None,
+    rejected: bool,
+    proposal: tuple[ParseStatus, str],
+    context: Context,
+) -> None:
+    """Run the tool on the proposed arguments and write the result or error into `record`."""
+    status, raw = proposal
+    start = time.perf_counter()
+    if rejected:
+        record["error"] = "the tool call was rejected by the reviewer"
+    elif arguments is None:
+        record["error"] = (
+            raw
+            if status == "error"
+            else f"the engine gave no usable arguments for {tool.name}: {raw[:200]!r}"
+        )
+    else:
+        try:
+            result = call_with_timeout(tool, arguments, context.tool_timeout_s)
+            record["result"] = truncate(_as_text(result), context.max_result_chars)
+        except Exception as exc:  # a tool failure is data for the planner, not a crash
+            record["error"] = truncate(f"{type(exc).__name__}: {exc}", context.max_result_chars)
+    record["seconds"] = round(time.perf_counter() - start, 6)
+
+
 def make_executor(
-    engine: BaseChatModel, tools: Sequence[BaseTool]
+    engine: BaseChatModel,
+    tools: Sequence[BaseTool],
+    *,
+    retry: RetryPolicy | None = ENGINE_RETRY,
 ) -> Callable[..., dict[str, Any]]:
-    """Build the executor node over the fixed engine and the bound tools."""
+    """Build the executor node over the fixed engine and the bound tools.
+
+    The engine's argument proposal is retried per `retry`; tool calls are never retried.
+    """
     by_name = {tool.name: tool for tool in tools}
+    propose = retrying(propose_arguments, retry)
 
     def executor(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 
@@ -140,8 +176,8 @@ def make_executor(
         )
         start = time.perf_counter()
         try:
-            arguments, raw, status = propose_arguments(engine, tool, messages)
-        except Exception as exc:  # transient: LangGraph retries the node; else it is recorded
+            arguments, raw, status = propose(engine, tool, messages)
+        except Exception as exc:  # retries spent, or not worth one: recorded, the run goes on
             arguments, status, raw = None, "error", engine_error(exc)
         call_seconds = time.perf_counter() - start
         record: StepRecord = {
@@ -159,22 +195,7 @@ def make_executor(
             reviewed = review(plan["turn"], tool.name, plan["sub_goal"], arguments)
             rejected = reviewed is None
             record["arguments"] = arguments = reviewed or arguments
-        start = time.perf_counter()
-        if rejected:
-            record["error"] = "the tool call was rejected by the reviewer"
-        elif arguments is None:
-            record["error"] = (
-                raw
-                if status == "error"
-                else f"the engine gave no usable arguments for {tool.name}: {raw[:200]!r}"
-            )
-        else:
-            try:
-                result = call_with_timeout(tool, arguments, context.tool_timeout_s)
-                record["result"] = truncate(_as_text(result), context.max_result_chars)
-            except Exception as exc:  # a tool failure is data for the planner, not a crash
-                record["error"] = truncate(f"{type(exc).__name__}: {exc}", context.max_result_chars)
-        record["seconds"] = round(time.perf_counter() - start, 6)
+        run_tool(record, tool, arguments, rejected, (status, raw), context)
         emit(
             runtime,
             {

@@ -6,9 +6,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from langgraph.types import RetryPolicy
+
 from flowlearn.nodes.parsing import extract_answer
 from flowlearn.nodes.prompts import GENERATOR_PROMPT
-from flowlearn.nodes.render import call_engine, emit, memory_prompt, transition
+from flowlearn.nodes.render import call_engine, emit, engine_call, memory_prompt, transition
+from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.state import State
 
@@ -17,12 +20,15 @@ if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
 
-def make_generator(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
-    """Build the generator node over the fixed engine."""
+def make_generator(
+    engine: BaseChatModel, *, retry: RetryPolicy | None = ENGINE_RETRY
+) -> Callable[..., dict[str, Any]]:
+    """Build the generator node over the fixed engine, its calls retried per `retry`."""
+    ask = engine_call(engine, retry)
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         messages = memory_prompt(GENERATOR_PROMPT, state)
-        text, seconds, error = call_engine(engine, messages)
+        text, seconds, error = call_engine(ask, messages)
         answer, tagged = extract_answer(text)
         if error is not None:
             text, answer, tagged = error, "", False

@@ -7,23 +7,26 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.tools import BaseTool
+from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
-from flowlearn.nodes.policy import Policy
+from flowlearn.nodes.policies.protocol import Policy
 from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
 from flowlearn.nodes.render import (
     call_engine,
     emit,
+    engine_call,
     policy_transition,
     prompt_messages,
     render_memory,
     summarize,
     transition,
 )
+from flowlearn.nodes.retry import ENGINE_RETRY, retrying
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus
-from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.nodes.schema.sampling import Generation, Sampling
 from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:
@@ -61,11 +64,60 @@ def spent_budget(state: State, context: Context, now: float) -> str | None:
     return None
 
 
+def record_decision(
+    update: dict[str, Any],
+    turn: int,
+    messages: list[dict[str, str]],
+    gen: Generation,
+    available: Sequence[BaseTool],
+    runtime: Any,
+) -> dict[str, Any]:
+    """Parse the policy's output into the turn's plan, or a format error in memory."""
+    decision = parse_planner_output(gen.text)
+    tool = match_tool_name(decision.tool_name, [t.name for t in available])
+    error = decision.error
+    status: ParseStatus = "ok" if error is None else "format_error"
+    if error is None and tool is None:
+        error = (
+            f"tool {decision.tool_name!r} is not available; "
+            f"choose one of {[t.name for t in available]}"
+        )
+        status = "unknown_tool"
+    update["turn"] = turn
+    update["transitions"].append(policy_transition("planner", turn, messages, gen, status))
+    if error is not None or tool is None:
+        update["plan"] = None
+        update["memory"] = [
+            {"turn": turn, "kind": "format_error", "error": error, "result": gen.text[:500]}
+        ]
+        emit(runtime, {"event": "planner", "turn": turn, "ok": False, "error": error})
+        return update
+    update["plan"] = {
+        "turn": turn,
+        "justification": decision.justification,
+        "context": decision.context,
+        "sub_goal": decision.sub_goal,
+        "tool": tool,
+    }
+    emit(
+        runtime,
+        {
+            "event": "planner",
+            "turn": turn,
+            "ok": True,
+            "sub_goal": summarize(decision.sub_goal),
+            "tool": tool,
+        },
+    )
+    return update
+
+
 def make_planner(
     policy: Policy,
     tools: Sequence[BaseTool],
     *,
     analysis_engine: BaseChatModel | None = None,
+    retry: RetryPolicy | None = ENGINE_RETRY,
 ) -> Callable[..., dict[str, Any]]:
     """Build the planner node over a policy and the tools it may choose from.
 
@@ -74,19 +126,24 @@ def make_planner(
         tools: The tools bound to the graph; `Context.tools` may enable a subset per run.
         analysis_engine: A chat model for the first-visit query analysis, as in the paper
             (the fixed engine); when None the policy writes the analysis too.
+        retry: How transient errors of the engine's and the policy's calls are retried (None:
+            never). A failed analysis is recorded and the run goes on; a policy call that
+            still fails raises (`TransientEngineError` from the last error).
 
     """
     tools = list(tools)
+    generate = retrying(policy.generate, retry)
+    ask = engine_call(analysis_engine, retry) if analysis_engine is not None else None
 
     def analyze(question: str, catalogue: str, sampling: Sampling) -> tuple[str, dict[str, Any]]:
         messages = prompt_messages(QUERY_ANALYSIS_PROMPT.format(question=question, tools=catalogue))
-        if analysis_engine is not None:
-            text, seconds, error = call_engine(analysis_engine, messages)
+        if ask is not None:
+            text, seconds, error = call_engine(ask, messages)
             if error is not None:
                 record = transition("query_analysis", 0, messages, error, "error", seconds)
                 return f"(no query analysis: {error})", dict(record)
             return text, dict(transition("query_analysis", 0, messages, text, "ok", seconds))
-        gen = policy.generate(messages, sampling)
+        gen = generate(messages, sampling)
         return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))
 
     def planner(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -123,43 +180,8 @@ def make_planner(
                 tool_names=", ".join(tool.name for tool in available),
             )
         )
-        gen = policy.generate(messages, sampling)
-        decision = parse_planner_output(gen.text)
-        tool = match_tool_name(decision.tool_name, [t.name for t in available])
-        error = decision.error
-        status: ParseStatus = "ok" if error is None else "format_error"
-        if error is None and tool is None:
-            error = (
-                f"tool {decision.tool_name!r} is not available; "
-                f"choose one of {[t.name for t in available]}"
-            )
-            status = "unknown_tool"
-        update["turn"] = turn
-        update["transitions"].append(policy_transition("planner", turn, messages, gen, status))
-        if error is not None or tool is None:
-            update["plan"] = None
-            update["memory"] = [
-                {"turn": turn, "kind": "format_error", "error": error, "result": gen.text[:500]}
-            ]
-            emit(runtime, {"event": "planner", "turn": turn, "ok": False, "error": error})
-            return update
-        update["plan"] = {
-            "turn": turn,
-            "justification": decision.justification,
-            "context": decision.context,
-            "sub_goal": decision.sub_goal,
-            "tool": tool,
-        }
-        emit(
-            runtime,
-            {
-                "event": "planner",
-                "turn": turn,
-                "ok": True,
-                "sub_goal": summarize(decision.sub_goal),
-                "tool": tool,
-            },
+        return record_decision(
+            update, turn, messages, generate(messages, sampling), available, runtime
         )
-        return update
 
     return planner

@@ -6,11 +6,13 @@ import functools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
+
+from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.prompts import EMPTY_MEMORY, SYSTEM_PROMPT
+from flowlearn.nodes.retry import engine_error, retrying
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord, Transition
 from flowlearn.nodes.schema.sampling import Generation
 
@@ -108,81 +110,27 @@ def policy_transition(
     )
 
 
-TRANSIENT_NAMES = frozenset(
-    {
-        "APIConnectionError",
-        "APITimeoutError",
-        "ConnectError",
-        "ConnectTimeout",
-        "InternalServerError",
-        "RateLimitError",
-        "ReadTimeout",
-        "ServiceUnavailableError",
-    }
-)
+EngineCall = Callable[[list[dict[str, str]]], tuple[str, float]]
+"""A bound engine call: messages in, text and seconds out (retries already inside)."""
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Whether an engine error is worth retrying: timeouts, dropped connections, 429 and 5xx."""
-    if isinstance(exc, TimeoutError | ConnectionError):
-        return True
-    status = getattr(exc, "status_code", None) or getattr(
-        getattr(exc, "response", None), "status_code", None
-    )
-    return type(exc).__name__ in TRANSIENT_NAMES or status in {429, 500, 502, 503, 504}
+def engine_call(engine: BaseChatModel, retry: RetryPolicy | None) -> EngineCall:
+    """Bind `engine` into a call that retries transient errors per `retry` (see nodes.retry)."""
+    return retrying(functools.partial(invoke_text, engine), retry)
 
 
-_FINAL_ATTEMPT: ContextVar[bool] = ContextVar("flowlearn_final_attempt", default=False)
+def call_engine(call: EngineCall, messages: list[dict[str, str]]) -> tuple[str, float, str | None]:
+    """Make a bound engine call; return text, seconds and an error message instead of raising.
 
-
-def last_attempt_records_errors(node: Callable[..., Any], max_attempts: int) -> Callable[..., Any]:
-    """Wrap a node so that on its last retry attempt transient engine errors are recorded.
-
-    Earlier attempts raise them for the node's `RetryPolicy` (of `max_attempts`) to retry; the
-    last one records them like any other engine error, so the run goes on.
-    """
-
-    @functools.wraps(node)
-    def wrapped(state: Any, runtime: Any) -> Any:
-        info = getattr(runtime, "execution_info", None)
-        attempt = getattr(info, "node_attempt", 1) or 1
-        token = _FINAL_ATTEMPT.set(attempt >= max_attempts)
-        try:
-            return node(state, runtime)
-        finally:
-            _FINAL_ATTEMPT.reset(token)
-
-    return wrapped
-
-
-def call_engine(
-    engine: BaseChatModel, messages: list[dict[str, str]]
-) -> tuple[str, float, str | None]:
-    """Call the engine; return text, seconds and an error message instead of raising.
-
-    Transient errors are raised, for the node's LangGraph `RetryPolicy` to retry, except on
-    the last attempt (`last_attempt_records_errors`); any other failure comes back as an error
+    Transient errors were retried inside `call`; whatever still fails comes back as an error
     string that the node records, so the run goes on.
     """
     start = time.perf_counter()
     try:
-        text, seconds = invoke_text(engine, messages)
+        text, seconds = call(messages)
     except Exception as exc:
         return "", time.perf_counter() - start, engine_error(exc)
     return text, seconds, None
-
-
-def engine_error(exc: Exception) -> str:
-    """Return the message to record for a failed engine call, or re-raise it to be retried.
-
-    Call inside an `except` block: a transient error is re-raised unless this is the node's
-    last attempt (`last_attempt_records_errors`).
-    """
-    transient = is_transient(exc)
-    if transient and not _FINAL_ATTEMPT.get():
-        raise exc
-    retried = " (transient; retries exhausted)" if transient else ""
-    return f"the engine failed{retried}: {type(exc).__name__}: {exc}"
 
 
 def invoke_text(engine: BaseChatModel, messages: list[dict[str, str]]) -> tuple[str, float]:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from langgraph.types import RetryPolicy
+
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.prompts import VERIFIER_PROMPT
-from flowlearn.nodes.render import call_engine, emit, memory_prompt, transition
+from flowlearn.nodes.render import call_engine, emit, engine_call, memory_prompt, transition
+from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.state import State
 
@@ -16,13 +19,16 @@ if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
 
-def make_verifier(engine: BaseChatModel) -> Callable[..., dict[str, Any]]:
-    """Build the verifier node over the fixed engine."""
+def make_verifier(
+    engine: BaseChatModel, *, retry: RetryPolicy | None = ENGINE_RETRY
+) -> Callable[..., dict[str, Any]]:
+    """Build the verifier node over the fixed engine, its calls retried per `retry`."""
+    ask = engine_call(engine, retry)
 
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         turn = state.get("turn", 0)
         messages = memory_prompt(VERIFIER_PROMPT, state)
-        text, seconds, error = call_engine(engine, messages)
+        text, seconds, error = call_engine(ask, messages)
         verdict, clear = parse_verdict(text)
         if error is not None:  # no judgement to be had: go on to the answer
             text, verdict, clear = error, "STOP", False

@@ -1,10 +1,11 @@
-"""Checkpoints a crash cannot corrupt: resume picks the last complete one, finals are swapped in.
+"""Checkpoints a crash cannot corrupt: resume picks the last complete one.
 
 transformers writes a checkpoint's files in place and `trainer_state.json` last. A process
 killed while saving leaves a folder without that file, or with a torn one; resuming from it
 would fail or, worse, load half-written weights. So a checkpoint counts only when its state
 file parses; an incomplete one is renamed `incomplete-checkpoint-N` (kept for inspection, out
-of transformers' way) and training resumes from the one before.
+of transformers' way) and training resumes from the one before. Final models are swapped in
+whole by `flowlearn.evals.files.save_atomically`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -48,25 +47,6 @@ def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
             continue
         logger.warning("%s was cut short by a crash; set aside as %s", path, aside.name)
     return None
-
-
-def save_atomically(folder: Path, save: Callable[[Path], None]) -> Path:
-    """Call `save(staging)` then swap the staging folder in as `folder` (replacing an old one).
-
-    A crash leaves either the old folder or the new one, never a mix.
-    """
-    staging = folder.with_name(f".{folder.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    save(staging)
-    if folder.exists():
-        old = folder.with_name(f".{folder.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        folder.rename(old)
-        staging.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(folder)
-    return folder
 
 
 def _free_name(path: Path) -> Path:

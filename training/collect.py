@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from flowlearn.evals.cases import Case
-from flowlearn.evals.scorers import Score
+from flowlearn.evals.runner import run_resumable
+from flowlearn.evals.scorers import CaseScorer
 from flowlearn.training.store import TrajectoryStore
 from flowlearn.training.trajectory import Trajectory, trajectory_from_state
 
 RewardTerm = Callable[[Trajectory], float]
 REWARD_ERROR_POLICIES = ("zero", "drop")
-logger = logging.getLogger(__name__)
 
 
 def format_penalty(weight: float = 0.1) -> RewardTerm:
@@ -38,7 +36,7 @@ def rollout_id(case: Case, index: int, prefix: str = "") -> str:
 def collect(
     graph_factory: Any,
     cases: Sequence[Case],
-    scorer: Callable[[str, Case], Score],
+    scorer: CaseScorer,
     *,
     group_size: int,
     store: TrajectoryStore | None = None,
@@ -68,9 +66,38 @@ def collect(
             never sees it). Either way it is stored, marked with `reward_error`.
 
     Returns the trajectories of `cases`, stored ones included, in case and rollout order.
-    A scorer or reward-term failure is recorded on the trajectory (reward 0), never raised.
+    A scorer or reward-term failure is recorded on the trajectory (reward 0), never raised;
+    a crashed rollout is logged and left out, and the next `collect` retries it.
 
     """
+    _check_collect(cases, group_size, reward_errors)
+    graph = graph_factory if hasattr(graph_factory, "invoke") else graph_factory()
+    stored = {t.trajectory_id: t for t in store} if store is not None else {}
+    work = {rollout_id(case, k, id_prefix): (case, k) for case in cases for k in range(group_size)}
+
+    def run_one(item: tuple[Case, int]) -> Trajectory:
+        case, k = item
+        return run_rollout(graph, case, k, scorer, context, extra_rewards or {}, id_prefix)
+
+    fresh = run_resumable(
+        work,
+        run_one,
+        done=stored,
+        save=store.append if store is not None else None,
+        concurrency=concurrency,
+        progress=progress,
+        label="rollouts",
+        unit="traj",
+    )
+    merged = {**stored, **fresh}
+    return [
+        merged[rid]
+        for rid in work
+        if rid in merged and not (reward_errors == "drop" and merged[rid].reward_error is not None)
+    ]
+
+
+def _check_collect(cases: Sequence[Case], group_size: int, reward_errors: str) -> None:
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if reward_errors not in REWARD_ERROR_POLICIES:
@@ -85,83 +112,39 @@ def collect(
         raise ValueError(
             f"cases {empty[:10]} have an empty query; give each a question or remove it"
         )
-    graph = graph_factory if hasattr(graph_factory, "invoke") else graph_factory()
-    stored = {t.trajectory_id: t for t in store} if store else {}
-    todo = [
-        (case, k)
-        for case in cases
-        for k in range(group_size)
-        if rollout_id(case, k, id_prefix) not in stored
-    ]
 
-    def run_one(case: Case, k: int) -> Trajectory:
-        run_context = context
-        if context is not None and getattr(context, "seed", None) is not None:
-            run_context = dataclasses.replace(context, seed=context.seed + k)
-        start = time.perf_counter()
-        state = graph.invoke({"question": case.query}, context=run_context)
-        trajectory = trajectory_from_state(
-            state,
-            trajectory_id=rollout_id(case, k, id_prefix),
-            group_id=case.id,
-            reference=case.reference,
-            context=run_context.to_dict() if hasattr(run_context, "to_dict") else {},
-            metadata={"case_metadata": case.metadata, "wall_seconds": time.perf_counter() - start},
-        )
-        reward(trajectory, case, scorer, extra_rewards or {})
-        if store is not None:
-            store.append(trajectory)
-        return trajectory
 
-    from tqdm.auto import tqdm
-
-    fresh: dict[str, Trajectory] = {}
-    failed: list[str] = []
-    total = len(cases) * group_size
-    with (
-        ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool,
-        tqdm(
-            total=total,
-            initial=total - len(todo),
-            disable=not progress,
-            desc="rollouts",
-            unit="traj",
-        ) as bar,
-    ):
-        futures = {
-            pool.submit(run_one, case, k): rollout_id(case, k, id_prefix) for case, k in todo
-        }
-        for future in as_completed(futures):
-            try:
-                trajectory = future.result()
-            except Exception as exc:  # a crashed rollout is retried by the next collect()
-                failed.append(futures[future])
-                logger.warning(
-                    "rollout %s failed: %s: %s", futures[future], type(exc).__name__, exc
-                )
-                continue
-            fresh[trajectory.trajectory_id] = trajectory
-            bar.update(1)
-    if failed:
-        logger.warning(
-            "%d rollouts failed and were not stored; run collect again to retry them: %s",
-            len(failed),
-            ", ".join(sorted(failed)[:10]),
-        )
-    merged = {**stored, **fresh}
-    return [
-        merged[rid]
-        for case in cases
-        for k in range(group_size)
-        if (rid := rollout_id(case, k, id_prefix)) in merged
-        and not (reward_errors == "drop" and merged[rid].reward_error is not None)
-    ]
+def run_rollout(
+    graph: Any,
+    case: Case,
+    k: int,
+    scorer: CaseScorer,
+    context: Any = None,
+    extra_rewards: Mapping[str, RewardTerm] | None = None,
+    id_prefix: str = "",
+) -> Trajectory:
+    """Run rollout `k` of `case` through the graph and reward it (not stored)."""
+    run_context = context
+    if context is not None and getattr(context, "seed", None) is not None:
+        run_context = dataclasses.replace(context, seed=context.seed + k)
+    start = time.perf_counter()
+    state = graph.invoke({"question": case.query}, context=run_context)
+    trajectory = trajectory_from_state(
+        state,
+        trajectory_id=rollout_id(case, k, id_prefix),
+        group_id=case.id,
+        reference=case.reference,
+        context=run_context.to_dict() if hasattr(run_context, "to_dict") else {},
+        metadata={"case_metadata": case.metadata, "wall_seconds": time.perf_counter() - start},
+    )
+    reward(trajectory, case, scorer, extra_rewards or {})
+    return trajectory
 
 
 def reward(
     trajectory: Trajectory,
     case: Case,
-    scorer: Callable[[str, Case], Score],
+    scorer: CaseScorer,
     extra: Mapping[str, RewardTerm],
 ) -> None:
     """Score the trajectory's answer into `reward`, and each extra term into `reward_terms`."""

@@ -1,19 +1,58 @@
-"""One configuration for Flow-GRPO training: TRL's knobs passed through, plus the flow's."""
+"""The training config: TRL's `GRPOConfig` plus the flow's fields, parsed by TRL's `TrlParser`.
+
+Why it looks like this:
+1. The config IS a `GRPOConfig`, so every TRL and transformers option is reachable from YAML
+   and from `flowlearn train`; the flow adds only what TRL has no knob for.
+2. Where the flow and TRL share a knob it is declared once, by TRL: `num_generations` is G,
+   `temperature`, `top_p` and `max_completion_length` are the planner's sampling (`context()`
+   builds the run context from them), `scale_rewards` is the advantage scaling.
+3. A TRL option the flow cannot honour yet is an error that names it, never a silent no-op.
+"""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+from trl.scripts.utils import TrlParser
+from trl.trainer.grpo_config import GRPOConfig
+
+from flowlearn.nodes.schema.context import Context
+
+RENAMED = {
+    "group_size": "num_generations",
+    "planner_temperature": "temperature",
+    "planner_top_p": "top_p",
+    "planner_max_new_tokens": "max_completion_length",
+    "scale": "scale_rewards",
+    "device": "use_cpu",
+}
+"""Old spellings of settings that are now TRL's, named in the unknown-key error."""
+
+UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "gradient_accumulation_steps": (1, "one generation batch is one update, as in the paper"),
+    "generation_batch_size": (None, "it is questions_per_step x num_generations per process"),
+    "top_k": (0, "the planner samples with temperature and top_p only"),
+    "min_p": (None, "the planner samples with temperature and top_p only"),
+    "repetition_penalty": (1.0, "the planner samples with temperature and top_p only"),
+    "generation_kwargs": (None, "rollouts sample through the flow, not TRL's generate"),
+    "use_vllm": (False, "rollouts sample through the flow, not TRL's generate"),
+}
+"""TRL options Flow-GRPO training cannot honour yet: their default, and why."""
 
 
-def _help(text: str, default: Any) -> Any:
-    return field(default=default, metadata={"help": text})
+def _help(text: str, default: Any, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": text, **extra})
 
 
-@dataclass(kw_only=True)
-class TrainConfig:
+FLAG = {"nargs": "?", "const": True}
+"""argparse settings that let an optional boolean be given as a bare `--flag`."""
+
+
+@dataclass
+class FlowGRPOConfig(GRPOConfig):
     """Everything a Flow-GRPO run needs; defaults follow the paper where they fit one GPU."""
 
     # Models
@@ -23,28 +62,23 @@ class TrainConfig:
         "separate frozen copy of the planner's model.",
         None,
     )
-    device: str | None = _help("cpu, cuda, ...; default: CUDA when available.", None)
-    # Data
+    # Data: exactly one of benchmark, data, trajectories
     benchmark: str | None = _help("Registered benchmark to train on (e.g. gameof24).", None)
     data: str | None = _help("A .json/.jsonl/.parquet file of cases to train on.", None)
-    scorer: str | None = _help("Scorer for --data (exact_match, math_equal, game24, ...).", None)
+    scorer: str | None = _help("Scorer for data (exact_match, math_equal, game24, ...).", None)
     limit: int | None = _help("Use only the first N questions.", None)
     trajectories: str | None = _help(
         "Offline mode: train from an exported trajectory file (.jsonl/.parquet) instead.", None
     )
-    # Flow
-    group_size: int = _help("G, rollouts per question (paper: 8).", 8)
+    # The flow
     questions_per_step: int = _help("Q, questions per update (paper: 32 on 8 GPUs).", 4)
     max_turns: int = _help("Planner turns per rollout (paper: 3 in training).", 3)
     tools: list[str] | None = field(
         default=None, metadata={"help": "Tool names to enable; default: all default tools."}
     )
     corpus: str | None = _help("JSONL corpus for local_search.", None)
-    planner_temperature: float = _help("Sampling temperature of rollouts and of TRL.", 0.7)
-    planner_max_new_tokens: int = _help("Planner tokens per turn (paper: 2048).", 512)
     engine_max_new_tokens: int = _help("Fixed engine tokens per call.", 384)
     mode: Literal["paper", "official", "sequence"] = _help("Flow-GRPO weighting mode.", "paper")
-    scale: Literal["group", "batch", "none"] = _help("Advantage scaling.", "group")
     drop_zero_variance: bool = _help("Drop groups whose rewards are all equal.", False)
     reward_errors: Literal["zero", "drop"] = _help(
         "A rollout whose scorer failed trains with reward 0 (zero) or is left out (drop).", "zero"
@@ -54,25 +88,61 @@ class TrainConfig:
         "GiGPO-style step credit weight, beyond the paper; 0 turns it off.", 0.0
     )
     step_credit_gamma: float = _help("Discount of the step-credit returns.", 0.95)
-    # TRL / optimisation
-    output_dir: str = _help("Where checkpoints, logs and the final policy go.", "runs/train")
-    learning_rate: float = _help("Learning rate (paper: 1e-6).", 1e-6)
-    beta: float = _help("KL coefficient against the reference (paper: 0.001).", 0.001)
-    epsilon: float = _help("Lower clip range (paper: 0.2).", 0.2)
-    epsilon_high: float = _help("Upper clip range (official code: 0.3).", 0.3)
-    max_steps: int = _help("Updates to run (paper: about 32).", 32)
-    logging_steps: int = _help("Log every N steps.", 1)
-    save_steps: int = _help("Checkpoint every N steps.", 10)
-    report_to: str = _help("TRL/transformers reporting: none, tensorboard, wandb, ...", "none")
-    seed: int = _help("Seed for data order, sampling and initialisation.", 0)
-    bf16: bool | None = _help("bf16 training; default: on with CUDA.", None)
-    gradient_checkpointing: bool = _help("Trade compute for memory.", False)
-    lora: bool | None = _help("Train a LoRA adapter; default: on above 1B parameters.", None)
+    lora: bool | None = _help(
+        "Train a LoRA adapter; default: on above 1B parameters.", None, **FLAG
+    )
     lora_r: int = _help("LoRA rank.", 16)
     lora_alpha: int = _help("LoRA alpha.", 32)
-    resume: bool = _help("Continue from the last checkpoint in output_dir.", False)
+    resume: bool = _help("Continue from the last complete checkpoint in output_dir.", False)
+    # TRL's fields with the flow's defaults and meaning
+    num_generations: int | None = _help("G, rollouts per question (paper: 8).", 8)
+    temperature: float = _help("Planner sampling temperature, of rollouts and of TRL.", 0.7)
+    max_completion_length: int | None = _help("Planner tokens per turn (paper: 2048).", 512)
+    per_device_train_batch_size: int | None = _help(  # type: ignore[assignment]
+        "Rows per update and process; default (and, until micro-batching, the only value): "
+        "questions_per_step x num_generations.",
+        None,
+    )
+    output_dir: str | None = _help("Where checkpoints, logs and the final policy go.", "runs/train")
+    beta: float = _help("KL coefficient against the reference (paper: 0.001).", 0.001)
+    epsilon_high: float | None = _help("Upper clip range (official code: 0.3).", 0.3)
+    max_steps: int = _help("Updates to run (paper: about 32).", 32)
+    logging_steps: float = _help("Log every N steps.", 1)
+    save_steps: float = _help("Checkpoint every N steps.", 10)
+    seed: int = _help("Seed for data order and initialisation.", 0)
+    bf16: bool | None = _help("bf16 training; default: on with CUDA.", None, **FLAG)  # type: ignore[assignment]
+    gradient_checkpointing: bool | None = _help(  # type: ignore[assignment]
+        "Trade compute for memory; transformers 5 spells it activation_checkpointing. "
+        "Default: off.",
+        None,
+    )
 
     def __post_init__(self) -> None:
+        self._check_flow()
+        self._check_supported()
+        group = int(self.num_generations or 0)
+        if self.per_device_train_batch_size is None:
+            self.per_device_train_batch_size = self.questions_per_step * group
+        elif self.per_device_train_batch_size != self.questions_per_step * group:
+            raise ValueError(
+                f"per_device_train_batch_size={self.per_device_train_batch_size} is not "
+                f"questions_per_step x num_generations = {self.questions_per_step * group}: "
+                "micro-batching is not supported yet; leave per_device_train_batch_size unset"
+            )
+        if self.tools is not None:  # `--tools a,b` as well as `--tools a b`
+            self.tools = [t.strip() for item in self.tools for t in item.split(",") if t.strip()]
+        import torch
+
+        self.use_cpu = self.use_cpu or not torch.cuda.is_available()
+        if self.bf16 is None:
+            self.bf16 = not self.use_cpu and not self.fp16
+        super().__post_init__()  # type: ignore[no-untyped-call]
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ValueError(
+                f"scale_rewards must be group, batch or none, got {self.scale_rewards!r}"
+            )
+
+    def _check_flow(self) -> None:
         if self.trajectories and (self.benchmark or self.data):
             raise ValueError(
                 "trajectories (offline) and benchmark/data (online) exclude each other; give one"
@@ -81,69 +151,126 @@ class TrainConfig:
             raise ValueError("give exactly one of benchmark or data (or trajectories)")
         if self.engine == "base" and self.lora is False:
             raise ValueError("engine 'base' is the frozen base under LoRA; it needs lora on")
-        for name in ("group_size", "questions_per_step", "max_turns", "max_steps"):
-            if getattr(self, name) < 1:
+        for name in ("num_generations", "questions_per_step", "max_turns", "max_steps"):
+            if (getattr(self, name) or 0) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a dict (a YAML file), rejecting unknown keys with the known ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+    def _check_supported(self) -> None:
+        if self.loss_type != "dapo":
+            raise ValueError(
+                f"loss_type={self.loss_type!r}: Flow-GRPO needs loss_type 'dapo'; the weighting "
+                "mode ('paper', 'official', 'sequence') sets the normalisation"
+            )
+        if self.steps_per_generation not in (None, 1):
+            raise ValueError(
+                f"steps_per_generation={self.steps_per_generation} is not supported yet: one "
+                "generation batch is one update, as in the paper"
+            )
+        for name, (default, why) in UNSUPPORTED.items():
+            if getattr(self, name) != default:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not supported yet: {why}")
+
+    def context(self) -> Context:
+        """Return the flow's run context: turns, tools and the planner's sampling settings."""
+        return context_from(self, max_turns=self.max_turns, tools=self.tools)
+
+
+def context_from(
+    args: GRPOConfig, *, max_turns: int = 3, tools: Sequence[str] | None = None
+) -> Context:
+    """Return a run context whose planner samples with TRL's `temperature`, `top_p` and length."""
+    return Context(
+        max_turns=max_turns,
+        planner_temperature=args.temperature,
+        planner_top_p=args.top_p,
+        planner_max_new_tokens=args.max_completion_length or 512,
+        tools=tuple(tools) if tools else None,
+    )
+
+
+def check_settings(args: GRPOConfig, context: Context, questions: int, *, offline: bool) -> None:
+    """Refuse TRL settings the trainer cannot honour, and data smaller than one step."""
+    if args.temperature != context.planner_temperature:
+        raise ValueError(
+            f"TRL temperature {args.temperature} differs from the planner temperature "
+            f"{context.planner_temperature}: the logged logprobs would not be the old policy's; "
+            "set both to the same value"
+        )
+    if args.loss_type != "dapo":
+        raise ValueError(
+            "FlowGRPOTrainer needs loss_type='dapo': the Flow-GRPO weighting "
+            "mode ('paper', 'official', 'sequence') sets the normalisation"
+        )
+    if args.gradient_accumulation_steps != 1 or args.steps_per_generation != 1:
+        raise ValueError(
+            "set gradient_accumulation_steps=1 and steps_per_generation=1: one "
+            "generation batch is one update, as in the paper"
+        )
+    per_step = args.per_device_train_batch_size // max(int(args.num_generations or 1), 1)
+    if questions < per_step:
+        raise ValueError(
+            f"each step takes {per_step} questions (batch {args.per_device_train_batch_size} "
+            f"/ num_generations {args.num_generations}) but only {questions} "
+            f"{'groups' if offline else 'questions'} were given; lower "
+            "questions_per_step or give more data"
+        )
+
+
+class FlowParser(TrlParser):
+    """TRL's parser of `FlowGRPOConfig` that names unknown keys before building the config."""
+
+    def __init__(self, prog: str = "flowlearn train") -> None:
+        """Build the parser; argparse errors raise instead of exiting (`--help` still exits)."""
+        types: list[Any] = [FlowGRPOConfig]
+        super().__init__(
+            types,
+            prog=prog,
+            exit_on_error=False,
+            description="Train the planner with Flow-GRPO: online (rollouts through the flow on "
+            "--benchmark/--data) or offline (--trajectories). Settings come from --config "
+            "FILE.yaml (any key below) and/or flags (flags win); unknown keys are errors.",
+        )
+        self.from_file: list[str] = []
+
+    def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
+        """Take the YAML values as defaults; keep the unknown ones to report them."""
+        self.from_file = list(super().set_defaults_with_config(**kwargs))
+        return self.from_file
+
+    def parse_args_into_dataclasses(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        """Refuse unknown keys and flags first, then build the config (TRL's way)."""
+        _, extra = self.parse_known_args(args=args)
+        unknown = [s for s in self.from_file[::2] + extra if _is_option(s)]
         if unknown:
-            raise ValueError(f"unknown config keys {unknown}; known keys: {sorted(known)}")
-        return cls(**data)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> TrainConfig:
-        """Read a YAML file of config keys."""
-        return cls.from_dict(read_yaml(path))
+            raise ValueError(unknown_keys_message(unknown))
+        return super().parse_args_into_dataclasses(args, *rest, **kwargs)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Return the mapping of config keys in a YAML file."""
-    import yaml
-
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a mapping of config keys")
-    return data
+def _is_option(text: str) -> bool:
+    return text.startswith("-") and not text.lstrip("-")[:1].isdigit()
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one `--flag` per config field (help text from the field), all defaulting to unset."""
-    hints = get_type_hints(TrainConfig)
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kind, help_text = hints[f.name], f.metadata["help"]
-        options = [a for a in get_args(kind) if a is not type(None)] or [kind]
-        base = options[0]
-        if get_origin(kind) is Literal:
-            parser.add_argument(
-                flag, choices=[str(a) for a in get_args(kind)], default=None, help=help_text
-            )
-        elif base is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
-            )
-        elif get_origin(base) is list:
-            parser.add_argument(
-                flag, type=_comma_list, default=None, help=help_text + " (comma-separated)"
-            )
-        else:
-            parser.add_argument(flag, type=base, default=None, help=help_text)
+def unknown_keys_message(options: Sequence[str]) -> str:
+    """Say which keys are unknown and, for renamed ones, their name now."""
+    names = [option.lstrip("-").split("=")[0].replace("-", "_") for option in options]
+    hints = [f"{name} is now {RENAMED[name]}" for name in names if name in RENAMED]
+    hints += [f"for {name} use --{name[3:]} false" for name in names if name.startswith("no_")]
+    return (
+        f"unknown config keys {names}"
+        + "".join(f"; {hint}" for hint in hints)
+        + "; `flowlearn train --help` lists the known ones"
+    )
 
 
-def _comma_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+def parse_config(argv: Sequence[str] = ()) -> FlowGRPOConfig:
+    """Parse `--config FILE.yaml` and flags (flags win) into a validated config.
 
+    Raises:
+        ValueError: an unknown key, a bad value or contradictory settings.
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Merge a YAML `--config` file with flags (flags win) into a validated config."""
-    base = read_yaml(args.config) if args.config is not None else {}
-    flags = {
-        f.name: getattr(args, f.name)
-        for f in fields(TrainConfig)
-        if getattr(args, f.name, None) is not None
-    }
-    return TrainConfig.from_dict({**base, **flags})
+    """
+    try:
+        (config,) = FlowParser().parse_args_and_config(list(argv))
+    except argparse.ArgumentError as exc:
+        raise ValueError(str(exc)) from None
+    return cast(FlowGRPOConfig, config)

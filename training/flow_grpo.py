@@ -125,8 +125,35 @@ def build_flow_grpo_rows(
     for trajectory in trajectories:
         groups[trajectory.group_id].append(trajectory)
     stats: dict[str, Any] = {"groups": len(groups), "dropped_rows": 0, "cut_rows": 0}
+    turns = _kept_turns(groups, nodes, max_prompt_length, stats)
+    zero_variance = {g for g, m in groups.items() if len({t.total_reward for t in m}) == 1}
+    stats["zero_variance_share"] = len(zero_variance) / len(groups) if groups else 0.0
+    if drop_zero_variance:
+        groups = {g: m for g, m in groups.items() if g not in zero_variance}
+    advantages = _advantages(groups, turns, mode, scale, eps)
+    rows = _rows(groups, turns, advantages, max_completion_length, stats)
+    if step_credit is not None:
+        stats["step_groups"] = _add_step_credit(rows, turns, groups, step_credit, eps)
+    _assign_weights(rows, groups, mode)
+    members = [t for m in groups.values() for t in m]
+    count = len(members) or 1  # the means of no trajectories are 0
+    stats.update(
+        rows=len(rows),
+        tokens=sum(len(r.completion_ids) for r in rows),
+        mean_reward=sum(t.total_reward for t in members) / count,
+        mean_turns=sum(len(turns[t.trajectory_id]) for t in members) / count,
+        trained_groups=len(groups),
+    )
+    return FlowGRPOBatch(rows, stats)
 
-    # Turns per trajectory after filtering by node and prompt length.
+
+def _kept_turns(
+    groups: dict[str, list[Trajectory]],
+    nodes: Sequence[str] | None,
+    max_prompt_length: int | None,
+    stats: dict[str, Any],
+) -> dict[str, list[Transition]]:
+    """Return each trajectory's trainable turns: filtered by node and prompt length (counted)."""
     turns: dict[str, list[Transition]] = {}
     for members in groups.values():
         for trajectory in members:
@@ -137,21 +164,23 @@ def build_flow_grpo_rows(
                 if nodes is not None and transition["node"] not in nodes:
                     continue
                 _check(transition)
-                if (
-                    max_prompt_length
-                    and len(transition.get("prompt_ids") or []) > max_prompt_length
-                ):
+                prompt = transition.get("prompt_ids") or []
+                if max_prompt_length and len(prompt) > max_prompt_length:
                     stats["dropped_rows"] += 1
                     continue
                 kept.append(transition)
             turns[trajectory.trajectory_id] = kept
+    return turns
 
-    zero_variance = {g for g, m in groups.items() if len({t.total_reward for t in m}) == 1}
-    stats["zero_variance_share"] = len(zero_variance) / len(groups) if groups else 0.0
-    if drop_zero_variance:
-        groups = {g: m for g, m in groups.items() if g not in zero_variance}
-    advantages = _advantages(groups, turns, mode, scale, eps)
 
+def _rows(
+    groups: dict[str, list[Trajectory]],
+    turns: dict[str, list[Transition]],
+    advantages: dict[str, float],
+    max_completion_length: int | None,
+    stats: dict[str, Any],
+) -> list[FlowGRPORow]:
+    """Return one row per kept turn, completions cut to `max_completion_length` (counted)."""
     rows: list[FlowGRPORow] = []
     for group_id, members in groups.items():
         for trajectory in members:
@@ -177,22 +206,7 @@ def build_flow_grpo_rows(
                         node=transition["node"],
                     )
                 )
-    if step_credit is not None:
-        stats["step_groups"] = _add_step_credit(rows, turns, groups, step_credit, eps)
-    _assign_weights(rows, groups, mode)
-    members_all = [t for m in groups.values() for t in m]
-    stats.update(
-        rows=len(rows),
-        tokens=sum(len(r.completion_ids) for r in rows),
-        mean_reward=sum(t.total_reward for t in members_all) / len(members_all)
-        if members_all
-        else 0.0,
-        mean_turns=sum(len(turns[t.trajectory_id]) for t in members_all) / len(members_all)
-        if members_all
-        else 0.0,
-        trained_groups=len(groups),
-    )
-    return FlowGRPOBatch(rows, stats)
+    return rows
 
 
 def _advantages(

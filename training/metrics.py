@@ -10,27 +10,22 @@ and at the end.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
+from flowlearn.evals.files import JsonlFile, write_atomically
+from flowlearn.training.trajectory import Trajectory
+
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "reward_curve.png"
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Return the records of a metrics JSONL, skipping a torn last line."""
-    records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    """Return the records of a metrics JSONL, skipping a torn line with a warning."""
+    return [r for r in JsonlFile(path).records() if isinstance(r, dict)]
 
 
 def plot_reward_curve(records: list[dict[str, Any]], path: str | Path) -> Path | None:
@@ -55,12 +50,37 @@ def plot_reward_curve(records: list[dict[str, Any]], path: str | Path) -> Path |
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
-    path = Path(path)
-    partial = path.with_suffix(".tmp.png")
-    figure.savefig(partial, dpi=100)
-    plt.close(figure)
-    os.replace(partial, path)
-    return path
+    try:
+        return write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(figure)
+
+
+FLOW_STATS = ("mean_reward", "zero_variance_share", "rows", "tokens", "mean_turns")
+"""The `build_flow_grpo_rows` stats logged as `flow/<name>`."""
+
+
+def flow_metrics(
+    trajectories: list[Trajectory], stats: dict[str, Any], seconds: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Return one step's `flow/*` metrics and the mean reward of each of its groups."""
+    values = {f"flow/{key}": float(stats[key]) for key in FLOW_STATS}
+    turns = [
+        t
+        for trajectory in trajectories
+        for t in trajectory.transitions
+        if t.get("completion_ids") is not None
+    ]
+    bad = sum(t["parse_status"] != "ok" for t in turns)
+    values["flow/format_error_rate"] = bad / len(turns) if turns else 0.0
+    values["flow/completion_length"] = (
+        sum(len(t.get("completion_ids") or []) for t in turns) / len(turns) if turns else 0.0
+    )
+    values["flow/rollout_seconds"] = seconds
+    groups: dict[str, list[float]] = {}
+    for trajectory in trajectories:
+        groups.setdefault(trajectory.group_id, []).append(trajectory.total_reward)
+    return values, {g: sum(r) / len(r) for g, r in groups.items()}
 
 
 class FlowMetricsCallback(TrainerCallback):
@@ -69,7 +89,8 @@ class FlowMetricsCallback(TrainerCallback):
     def __init__(self, trainer: Any) -> None:
         """Attach to `trainer`, whose last rollout timing and group rewards it reads."""
         self.trainer = trainer
-        self.path = Path(trainer.args.output_dir) / METRICS_FILE
+        self.file = JsonlFile(Path(trainer.args.output_dir) / METRICS_FILE)
+        self.path = self.file.path
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Create the file, or cut it back to the step training resumes from."""
@@ -78,9 +99,7 @@ class FlowMetricsCallback(TrainerCallback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= state.global_step]
-            partial = self.path.with_suffix(".tmp")
-            partial.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-            os.replace(partial, self.path)
+            self.file.rewrite(kept, default=float)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Record how long the update took after this step's rollouts."""
@@ -97,10 +116,7 @@ class FlowMetricsCallback(TrainerCallback):
             return
         record = {"step": state.global_step, **logs}
         record["group_rewards"] = dict(getattr(self.trainer, "group_rewards", {}))
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, default=float) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        self.file.append(record, default=float)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Redraw the reward curve beside the checkpoints."""

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
-import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from flowlearn.evals.files import JsonlFile, write_atomically
 from flowlearn.training.trajectory import Trajectory
-
-logger = logging.getLogger(__name__)
 
 # Nested fields go to Parquet as JSON text: memory records and transitions vary in shape, and
 # Arrow's struct inference would add nulls for missing keys, so a round trip would not be exact.
@@ -20,32 +17,19 @@ _JSON_COLUMNS = ("reference", "reward_terms", "memory", "transitions", "context"
 
 
 class TrajectoryStore:
-    """One trajectory per line, appended and flushed to disk as each rollout finishes.
+    """One trajectory per line, appended durably (`JsonlFile`) as each rollout finishes.
 
-    A crash loses at most the trajectory being written; a torn last line is skipped on load
-    with a warning, and the next append starts on a fresh line.
+    A crash loses at most the trajectory being written: the next append cuts its torn line
+    off first, and a load skips any undecodable line with a warning.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        if self.path.is_dir():
-            raise ValueError(f"{self.path} is a folder; give a .jsonl file path")
-        self._lock = threading.Lock()
+        self._file = JsonlFile(path)
+        self.path = self._file.path
 
     def append(self, trajectory: Trajectory) -> None:
         """Write one trajectory and fsync it."""
-        line = trajectory.to_json() + "\n"
-        with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a+b") as handle:
-                handle.seek(0, os.SEEK_END)
-                if handle.tell() > 0:
-                    handle.seek(-1, os.SEEK_END)
-                    if handle.read(1) != b"\n":  # a torn line from a crash: close it off
-                        handle.write(b"\n")
-                handle.write(line.encode("utf-8"))
-                handle.flush()
-                os.fsync(handle.fileno())
+        self._file.append_line(trajectory.to_json())
 
     def __iter__(self) -> Iterator[Trajectory]:
         """Yield the stored trajectories in write order, skipping lines torn by a crash.
@@ -55,20 +39,9 @@ class TrajectoryStore:
                 a file in which no line is a trajectory at all.
 
         """
-        if not self.path.exists():
-            return
-        lines = self.path.read_bytes().split(b"\n")
-        read, torn = 0, 0
-        for number, raw in enumerate(lines, 1):
-            if not raw.strip():
-                continue
-            try:
-                data = json.loads(raw)
-            except ValueError as exc:
-                # A line torn by a crash (appends after it start on a fresh line).
-                torn += 1
-                logger.warning("%s:%d: skipping a torn line (%s)", self.path, number, exc)
-                continue
+        torn: list[int] = []
+        read = 0
+        for number, data in self._file.read(skipped=torn):
             try:
                 trajectory = Trajectory.from_dict(data)
             except (ValueError, TypeError, AttributeError) as exc:
@@ -80,8 +53,8 @@ class TrajectoryStore:
             yield trajectory
         if torn and not read:
             raise ValueError(
-                f"{self.path} has no readable trajectory ({torn} unreadable lines); it is not "
-                "a trajectory JSONL file: give one written by `flowlearn collect`"
+                f"{self.path} has no readable trajectory ({len(torn)} unreadable lines); it is "
+                "not a trajectory JSONL file: give one written by `flowlearn collect`"
             )
 
     def load(self) -> list[Trajectory]:
@@ -122,12 +95,8 @@ def export_parquet(trajectories: Iterable[Trajectory], path: str | os.PathLike[s
     """Write trajectories to a Parquet file (atomically) and return its path."""
     import pyarrow.parquet as pq
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    pq.write_table(to_table(trajectories), tmp)
-    os.replace(tmp, target)
-    return target
+    table = to_table(trajectories)
+    return write_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_parquet(path: str | os.PathLike[str]) -> list[Trajectory]:

@@ -7,6 +7,9 @@ from typing import Any
 
 from flowlearn.nodes.schema.sampling import Sampling
 
+_PLANNER = Sampling()
+"""The planner's sampling defaults, declared once in `Sampling`."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Context:
@@ -24,14 +27,16 @@ class Context:
         default=None, metadata={"description": "Wall-clock budget in seconds; None means no limit."}
     )
     planner_temperature: float = field(
-        default=0.7,
+        default=_PLANNER.temperature,
         metadata={"description": "Sampling temperature of the planner policy (0 = greedy)."},
     )
     planner_top_p: float = field(
-        default=1.0, metadata={"description": "Nucleus sampling threshold of the planner policy."}
+        default=_PLANNER.top_p,
+        metadata={"description": "Nucleus sampling threshold of the planner policy."},
     )
     planner_max_new_tokens: int = field(
-        default=512, metadata={"description": "Most tokens the planner may write per turn."}
+        default=_PLANNER.max_new_tokens,
+        metadata={"description": "Most tokens the planner may write per turn."},
     )
     seed: int | None = field(
         default=None, metadata={"description": "Seed for the planner's sampling; None = random."}

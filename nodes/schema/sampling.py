@@ -13,11 +13,11 @@ Messages = list[dict[str, str]]
 
 @dataclass(frozen=True, kw_only=True)
 class Sampling:
-    """Sampling settings for one policy call."""
+    """Sampling settings for one policy call; its defaults are the planner's (`Context`'s)."""
 
     temperature: float = 0.7
     top_p: float = 1.0
-    max_new_tokens: int = 512
+    max_new_tokens: int = 256
     seed: int | None = None
 
     def __post_init__(self) -> None:

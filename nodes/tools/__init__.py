@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,34 +16,44 @@ from flowlearn.nodes.tools.wikipedia import wikipedia_tool
 BUNDLED_CORPUS = Path(__file__).parent / "data" / "world_facts.jsonl"
 
 
+BASE_TOOLS = ("python", "generalist", "local_search")
+"""The offline default set, in order."""
+WEB_TOOLS = ("wikipedia_search", "web_search")
+"""The web tools, added with `web=True`."""
+
+
 def default_tools(
     engine: Any,
     *,
     corpus: str | None = None,
-    web: bool | None = None,
+    web: bool = False,
     python_timeout: float = 10.0,
+    wikipedia_endpoint: str | None = None,
 ) -> list[BaseTool]:
     """Return the default tools: `python`, `generalist`, `local_search`; web ones when asked.
 
     Args:
         engine: the fixed chat model the generalist calls.
-        corpus: a JSONL corpus for `local_search`; defaults to `$FLOWLEARN_CORPUS`, else the
-            small bundled `world_facts.jsonl` (capitals and common facts), so the offline
-            default set has a retriever. Pass your own corpus for real work.
-        web: add `wikipedia_search` and `web_search` (which needs `$TAVILY_API_KEY`);
-            defaults to `$FLOWLEARN_WEB_TOOLS` being "1".
+        corpus: a JSONL corpus for `local_search`; defaults to the small bundled
+            `world_facts.jsonl` (capitals and common facts), so the offline default set has a
+            retriever. Pass your own corpus for real work.
+        web: add `wikipedia_search` and `web_search` (which needs `$TAVILY_API_KEY`).
         python_timeout: wall-clock seconds allowed per `python` call.
+        wikipedia_endpoint: the MediaWiki API URL `wikipedia_search` calls (default: English
+            Wikipedia).
 
     """
     tools = [python_tool(timeout=python_timeout), generalist_tool(engine)]
-    corpus = corpus or os.environ.get("FLOWLEARN_CORPUS") or str(BUNDLED_CORPUS)
-    tools.append(local_search_tool(corpus))
-    if web if web is not None else os.environ.get("FLOWLEARN_WEB_TOOLS") == "1":
-        tools += [wikipedia_tool(), web_search_tool()]
+    tools.append(local_search_tool(corpus or str(BUNDLED_CORPUS)))
+    if web:
+        tools += [wikipedia_tool(endpoint=wikipedia_endpoint), web_search_tool()]
     return tools
 
 
 __all__ = [
+    "BASE_TOOLS",
+    "BUNDLED_CORPUS",
+    "WEB_TOOLS",
     "default_tools",
     "generalist_tool",
     "local_search_tool",

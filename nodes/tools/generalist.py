@@ -6,10 +6,11 @@ from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool
 
+from flowlearn.nodes.messages import to_langchain
+
 
 def generalist_tool(engine: Any) -> BaseTool:
     """Return a tool that asks the fixed chat model a self-contained question."""
-    from flowlearn.nodes.messages import to_langchain
 
     def generalist(query: str) -> str:
         reply = engine.invoke(to_langchain([{"role": "user", "content": query}]))

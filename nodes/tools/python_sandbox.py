@@ -14,6 +14,8 @@ from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool
 
+from flowlearn.nodes.messages import to_langchain
+
 # Only these variables reach the child; everything else (API keys, tokens, cloud credentials)
 # stays behind. HOME and TMPDIR point into the run's own temporary folder.
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -141,7 +143,6 @@ def python_coder_tool(engine: Any, **limits: Any) -> BaseTool:
 
     As the paper's Python coder does; the generated code only ever runs in the sandbox.
     """
-    from flowlearn.nodes.messages import to_langchain
 
     def python_coder(task: str) -> str:
         prompt = (

@@ -7,7 +7,7 @@ from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
-from flowlearn.nodes.tools.retry import with_retries
+from flowlearn.nodes.retry import with_retries
 
 KEY_ENV = "TAVILY_API_KEY"
 BASE_URL_ENV = "TAVILY_BASE_URL"
@@ -85,18 +85,23 @@ def web_search_tool(
             )
         except TransientSearchError as exc:
             raise ToolException(f"web search failed after {retries + 1} attempts: {exc}") from exc
-        results = data.get("results") or []
-        if not isinstance(results, list) or not results:
-            return "No results."
-        return "\n\n".join(
-            f"[{rank}] {r.get('title', '')}\nURL: {r.get('url', '')}\n{r.get('content', '')}"
-            for rank, r in enumerate(results, 1)
-            if isinstance(r, dict)
-        )
+        return format_results(data)
 
     return StructuredTool.from_function(
         web_search,
         name="web_search",
         description="Search the web and return the top results with title, URL and content.",
         metadata={"usage_notes": "Use specific keyword queries; results may be noisy or stale."},
+    )
+
+
+def format_results(data: dict[str, Any]) -> str:
+    """Render Tavily's results as numbered blocks of title, URL and content."""
+    results = data.get("results") or []
+    if not isinstance(results, list) or not results:
+        return "No results."
+    return "\n\n".join(
+        f"[{rank}] {r.get('title', '')}\nURL: {r.get('url', '')}\n{r.get('content', '')}"
+        for rank, r in enumerate(results, 1)
+        if isinstance(r, dict)
     )

@@ -7,14 +7,12 @@ coexist in one process.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
-from flowlearn.nodes.tools.retry import with_retries
+from flowlearn.nodes.retry import with_retries
 
-ENDPOINT_ENV = "FLOWLEARN_WIKIPEDIA_URL"
 DEFAULT_ENDPOINT = "https://en.wikipedia.org/w/api.php"
 USER_AGENT = "flowlearn/0.1 (agent research framework; https://pypi.org/project/flowlearn/)"
 
@@ -35,8 +33,7 @@ def wikipedia_tool(
     """Return `wikipedia_search`: the top `k` pages for a query, each with its intro summary.
 
     Args:
-        endpoint: the MediaWiki `api.php` URL; defaults to `$FLOWLEARN_WIKIPEDIA_URL`, else
-            English Wikipedia.
+        endpoint: the MediaWiki `api.php` URL; defaults to English Wikipedia.
         k: pages per query.
         timeout: seconds per HTTP request.
         retries: extra attempts after a 429, 5xx, timeout or connection error.
@@ -46,7 +43,7 @@ def wikipedia_tool(
     """
     import requests
 
-    url = endpoint or os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
+    url = endpoint or DEFAULT_ENDPOINT
     session = requests.Session()
     session.headers["User-Agent"] = user_agent
 

@@ -40,7 +40,7 @@ def test_example_config_trains_and_the_result_runs(
             "What is 12 + 30?",
             "--planner",
             str(out / "final"),
-            "--max-steps",
+            "--max-turns",
             "1",
             "--max-new-tokens",
             "32",

@@ -38,7 +38,7 @@ from flowlearn.evals.cases import Case
 from flowlearn.evals.harness import run_eval
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 from flowlearn.nodes.tools import local_search_tool, python_tool
 from flowlearn.training.trainer import FlowGRPOTrainer
@@ -132,7 +132,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
         seed=SEED,
         shuffle_dataset=False,  # alternating cases: every step takes 8 of each type
     )
-    trainer = FlowGRPOTrainer(
+    trainer = FlowGRPOTrainer.online(
         model,
         args=args,
         engine=engine,

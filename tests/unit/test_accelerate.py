@@ -25,8 +25,8 @@ def test_two_process_cpu_training_under_accelerate(tiny_model_dir: Path, tmp_pat
     out = tmp_path / "out"
     config = tmp_path / "train.yaml"
     config.write_text(
-        f"planner: {tiny_model_dir}\nbenchmark: gameof24\nlimit: 8\ngroup_size: 2\n"
-        f"questions_per_step: 1\nmax_turns: 1\nplanner_max_new_tokens: 8\n"
+        f"planner: {tiny_model_dir}\nbenchmark: gameof24\nlimit: 8\nnum_generations: 2\n"
+        f"questions_per_step: 1\nmax_turns: 1\nmax_completion_length: 8\n"
         f"engine_max_new_tokens: 8\nlearning_rate: 0.001\nsave_steps: 1\nmax_steps: 2\n"
         f"output_dir: {out}\nbf16: false\nseed: 3\n"
     )

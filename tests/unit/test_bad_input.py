@@ -12,8 +12,8 @@ from flowlearn.cli import main
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import exact_match
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.batching import BatchingPolicy
-from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policies.batching import BatchingPolicy
+from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training import TrajectoryStore, collect
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from flowlearn.nodes import batching
-from flowlearn.nodes.batching import BatchingPolicy
-from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policies import batch_ops
+from flowlearn.nodes.policies.batching import BatchingPolicy
+from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.schema.sampling import Generation, Sampling
 
 PROMPTS = ["What is 17 * 23?", "Capital of France?", "Tool Name: python", "Hi"]
@@ -35,6 +37,22 @@ def together(policy: BatchingPolicy, calls: list[tuple[str, Sampling]]) -> list[
         return list(pool.map(one, calls))
 
 
+@contextmanager
+def rows_per_forward(model: torch.nn.Module) -> Iterator[list[int]]:
+    """Record the rows of each forward pass of `model`, from a torch forward pre-hook."""
+    rows: list[int] = []
+
+    def hook(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("input_ids") is not None:
+            rows.append(int(kwargs["input_ids"].shape[0]))
+
+    hooked = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield rows
+    finally:
+        hooked.remove()
+
+
 def rescored(policy: HFPolicy, generation: Generation, temperature: float) -> list[float]:
     """Logprobs of the completion recomputed by one forward pass over prompt + completion."""
     ids = torch.tensor([generation.prompt_ids + generation.completion_ids])
@@ -55,9 +73,9 @@ def policies(tiny_model_dir: Path) -> tuple[HFPolicy, BatchingPolicy]:
 def test_greedy_batch_matches_single_calls(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
     single, batched = policies
     greedy = Sampling(temperature=0.0, max_new_tokens=12)
-    results = together(batched, [(p, greedy) for p in PROMPTS])
-    assert max(batched.batch_sizes) > 1  # they really shared a batch
-    assert batched.seconds["reading"] > 0 and batched.seconds["decoding"] > 0
+    with rows_per_forward(single.model) as rows:
+        results = together(batched, [(p, greedy) for p in PROMPTS])
+    assert max(rows) > 1  # they really shared a batch
     for prompt, got in zip(PROMPTS, results, strict=True):
         alone = single.generate(chat(prompt), greedy)
         assert got.prompt_ids == alone.prompt_ids
@@ -94,8 +112,8 @@ def test_unseeded_sampling_follows_the_global_seed(
 
     def sampled(seed: int) -> list[list[int]]:
         torch.manual_seed(seed)
-        prompts = [batched.encode_chat(chat(p)) for p in PROMPTS]
-        return [ids for ids, _ in batched.decode(prompts, [hot] * len(prompts))]
+        futures = [batched.submit(batched.encode_chat(chat(p)), hot) for p in PROMPTS]
+        return [future.result().completion_ids or [] for future in futures]
 
     first = sampled(0)
     assert sampled(0) == first
@@ -107,14 +125,14 @@ def test_a_failing_request_fails_alone(
     policies: tuple[HFPolicy, BatchingPolicy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, batched = policies
-    real = batching._generator
+    real = batch_ops.generator
 
     def generator(seed: int | None, device: Any) -> Any:
         if seed == 666:
             raise RuntimeError("this request's sampler is broken")
         return real(seed, device)
 
-    monkeypatch.setattr(batching, "_generator", generator)
+    monkeypatch.setattr(batch_ops, "generator", generator)
     fine = Sampling(temperature=0.0, max_new_tokens=4)
     results = together(
         batched,
@@ -143,15 +161,16 @@ def test_a_shared_prefix_is_read_once_and_changes_nothing(
     )
     prompts = [SHARED + p for p in PROMPTS]
     encoded = [batched.encode_chat(chat(p)) for p in prompts]
-    assert batching.shared_prefix_length(encoded) > 40
+    assert batch_ops.shared_prefix_length(encoded) > 40
     calls = [
         (prompts[0], Sampling(temperature=0.0, max_new_tokens=10)),
         (prompts[1], Sampling(temperature=0.0, max_new_tokens=6)),
         (prompts[2], Sampling(temperature=0.9, max_new_tokens=8, seed=4)),
         (prompts[3], Sampling(temperature=0.0, max_new_tokens=12)),
     ]
-    results = together(batched, calls)
-    assert max(batched.batch_sizes) > 1
+    with rows_per_forward(single.model) as rows:
+        results = together(batched, calls)
+    assert max(rows) > 1
     for (prompt, sampling), got in zip(calls, results, strict=True):
         assert got.prompt_ids == single.encode_chat(chat(prompt))
         assert got.logprobs == pytest.approx(rescored(single, got, sampling.temperature), abs=1e-4)
@@ -161,26 +180,10 @@ def test_a_shared_prefix_is_read_once_and_changes_nothing(
 
 
 def test_shared_prefix_length_leaves_every_prompt_a_token() -> None:
-    assert batching.shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
-    assert batching.shared_prefix_length([[1, 2, 3, 4], [1, 2, 9], [1, 2, 3]]) == 2
-    assert batching.shared_prefix_length([[5], [5, 6]]) == 0
-    assert batching.shared_prefix_length([[1, 2], [3, 2]]) == 0
-
-
-def test_bad_settings_are_errors(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
-    single, _ = policies
-    with pytest.raises(ValueError, match="max_batch_size"):
-        BatchingPolicy(single, max_batch_size=0)
-    with pytest.raises(ValueError, match="max_wait_s"):
-        BatchingPolicy(single, max_wait_s=-1)
-
-
-def test_policies_over_one_model_share_its_lock(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
-    from flowlearn.training.run import FrozenBasePolicy
-
-    single, batched = policies
-    other = HFPolicy(single.model, single.tokenizer)
-    assert single._lock is batched._lock is other._lock is FrozenBasePolicy(other)._lock
+    assert batch_ops.shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert batch_ops.shared_prefix_length([[1, 2, 3, 4], [1, 2, 9], [1, 2, 3]]) == 2
+    assert batch_ops.shared_prefix_length([[5], [5, 6]]) == 0
+    assert batch_ops.shared_prefix_length([[1, 2], [3, 2]]) == 0
 
 
 @pytest.mark.parametrize(
@@ -196,8 +199,8 @@ def test_sampling_draws_from_the_logged_distribution(
 ) -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0]))
     draws = 4000
-    generators = [batching._generator(seed, torch.device("cpu")) for seed in range(draws)]
-    picked = batching._pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators)
+    generators = [batch_ops.generator(seed, torch.device("cpu")) for seed in range(draws)]
+    picked = batch_ops.pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators)
     counts = torch.bincount(torch.tensor([t for t, _ in picked]), minlength=5) / draws
     assert counts[:3].tolist() == pytest.approx(expected, abs=0.03)
     assert counts[3:].sum() == 0  # zero-probability tokens are never drawn
@@ -213,15 +216,16 @@ def test_prompts_of_two_kinds_are_read_as_two_groups_and_decoded_together(
     other = "Judge whether the memory answers the question. " * 8 + "Question: "
     prompts = [SHARED + p for p in PROMPTS[:2]] + [other + p for p in PROMPTS]
     encoded = [batched.encode_chat(chat(p)) for p in prompts]
-    groups = batching.prefix_groups(encoded, 8)
+    groups = batch_ops.prefix_groups(encoded, 8)
     assert sorted(sorted(g) for g in groups) == [[0, 1], [2, 3, 4, 5]]
     budgets = [10, 3, 12, 6, 9, 4]
     calls = [
         (p, Sampling(temperature=0.0, max_new_tokens=b))
         for p, b in zip(prompts, budgets, strict=True)
     ]
-    results = together(batched, calls)
-    assert max(batched.batch_sizes) == len(calls)  # one decoding loop for both groups
+    with rows_per_forward(single.model) as rows:
+        results = together(batched, calls)
+    assert max(rows) == len(calls)  # one decoding loop for both groups
     for (prompt, sampling), got in zip(calls, results, strict=True):
         alone = single.generate(chat(prompt), sampling)
         assert got.completion_ids == alone.completion_ids
@@ -232,14 +236,14 @@ def test_requests_join_a_running_batch_and_leave_it_when_done(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trimmed: list[int] = []
-    real_trim = batching._trim_left
+    real_trim = batch_ops.trim_left
 
     def trim(cache: Any, mask: Any) -> Any:
         kept = real_trim(cache, mask)
         trimmed.append(mask.shape[1] - kept[1].shape[1])
         return kept
 
-    monkeypatch.setattr(batching, "_trim_left", trim)
+    monkeypatch.setattr(batch_ops, "trim_left", trim)
     single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
     batched = BatchingPolicy(single, max_batch_size=8, max_wait_s=0.0, min_shared_prefix=8)
     long_call = (PROMPTS[3], Sampling(temperature=0.0, max_new_tokens=300))
@@ -252,13 +256,13 @@ def test_requests_join_a_running_batch_and_leave_it_when_done(
         finished[name] = time.perf_counter()
         return got
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with rows_per_forward(single.model) as rows, ThreadPoolExecutor(max_workers=3) as pool:
         running = pool.submit(call, "long", *long_call)
-        while not batched.batch_sizes:  # the long request is being decoded
+        while not rows:  # the long request is being decoded
             time.sleep(0.001)
         shorts = [pool.submit(call, f"short{i}", *c) for i, c in enumerate(short_calls)]
         results = [running.result(), *(s.result() for s in shorts)]
-    assert max(batched.batch_sizes) == 3  # the short ones joined the long one's batch
+    assert max(rows) == 3  # the short ones joined the long one's batch
     assert max(trimmed) > 0  # their padding columns went with them
     assert len(results[0].completion_ids) > 5
     assert max(finished["short0"], finished["short1"]) < finished["long"]  # returned at once
@@ -266,34 +270,3 @@ def test_requests_join_a_running_batch_and_leave_it_when_done(
         alone = single.generate(chat(prompt), sampling)
         assert got.completion_ids == alone.completion_ids
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
-
-
-def test_an_idle_worker_ends_and_the_next_call_starts_one(
-    policies: tuple[HFPolicy, BatchingPolicy], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Training makes a batching policy per step: idle workers must not pile up."""
-    single, batched = policies
-    monkeypatch.setattr(batching, "IDLE_EXIT_S", 0.05)
-    greedy = Sampling(temperature=0.0, max_new_tokens=4)
-    first = batched.generate(chat(PROMPTS[0]), greedy)
-    worker = batched._worker
-    assert worker is not None
-    worker.join(timeout=5)
-    assert not worker.is_alive() and batched._worker is None
-    again = batched.generate(chat(PROMPTS[0]), greedy)
-    assert again.completion_ids == first.completion_ids
-    assert again.completion_ids == single.generate(chat(PROMPTS[0]), greedy).completion_ids
-
-
-def test_workers_are_stopped_before_the_interpreter_exits(
-    policies: tuple[HFPolicy, BatchingPolicy],
-) -> None:
-    """A daemon worker waking during finalization would abort the process (exit code 134)."""
-    _single, batched = policies
-    greedy = Sampling(temperature=0.0, max_new_tokens=4)
-    first = batched.generate(chat(PROMPTS[0]), greedy)
-    worker = batched._worker
-    assert worker is not None and worker.is_alive()  # idle, waiting up to IDLE_EXIT_S
-    batching._stop_workers()  # what atexit runs
-    assert not worker.is_alive()
-    assert batched.generate(chat(PROMPTS[0]), greedy).completion_ids == first.completion_ids

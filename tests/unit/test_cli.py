@@ -48,7 +48,7 @@ def test_run_streams_steps_and_saves_a_token_faithful_trajectory(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--planner", "/nonexistent/model"], "could not load a model"),
+        (["--planner", "/nonexistent/model"], "model '/nonexistent/model' does not exist"),
         (["--max-turns", "0"], "max_turns must be >= 1"),
         (["--tools", "python,teleport"], "unknown tools ['teleport']"),
         (["--temperature", "-1"], "planner temperature must be >= 0"),

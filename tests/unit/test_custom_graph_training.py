@@ -69,7 +69,7 @@ def test_a_custom_two_node_graph_trains(tiny_model_dir: Path, tmp_path: Path) ->
     def scorer(answer: str, case: Case) -> Any:
         return score_case("exact_match", answer, case)
 
-    trainer = FlowGRPOTrainer(
+    trainer = FlowGRPOTrainer.online(
         model,
         args=GRPOConfig(
             output_dir=str(tmp_path / "out"),
@@ -112,7 +112,7 @@ def test_graph_factory_and_engine_exclude_each_other(tiny_model_dir: Path, tmp_p
     from fakes import FakeChatModel
 
     with pytest.raises(ValueError, match="graph_factory or engine and tools"):
-        FlowGRPOTrainer(
+        FlowGRPOTrainer.online(
             AutoModelForCausalLM.from_pretrained(tiny_model_dir),
             args=GRPOConfig(
                 output_dir=str(tmp_path),

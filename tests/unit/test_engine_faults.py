@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import runpy
 import time
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,10 @@ from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.graphs.agentflow import ENGINE_RETRY
-from flowlearn.nodes.render import is_transient
+from flowlearn.nodes.retry import ENGINE_RETRY, is_transient
 from flowlearn.training import TrajectoryStore, collect
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 @tool
@@ -83,6 +85,29 @@ def test_exhausted_retries_are_recorded_and_the_run_goes_on(prefix: str, node: s
         failed = [t for t in state["transitions"] if t["node"] == node]
         assert failed[0]["parse_status"] == "error" and expected in failed[0]["output"]
     assert "final_text" in state
+
+
+@pytest.mark.parametrize("failures", [2, 10])
+def test_a_graph_composed_by_hand_survives_engine_faults_like_the_default(failures: int) -> None:
+    """The retries live in the nodes, so a hand-built graph without a graph-level RetryPolicy
+    (examples/planner_without_verifier.py) behaves as the default graph does."""
+    build_graph = runpy.run_path(str(EXAMPLES / "planner_without_verifier.py"))["build_graph"]
+    results = {}
+    for name in ("default", "by hand"):
+        respond = Flaky("Answer", failures=failures, error=ConnectionError("engine down"))
+        if name == "default":
+            graph = flow(respond)
+        else:
+            graph = build_graph(
+                ScriptedPolicy([plan("lookup")]), FakeChatModel(respond=respond), [lookup]
+            )
+        state = graph.invoke({"question": "q"}, context=Context(max_turns=1))
+        results[name] = (respond.calls, state["transitions"][-1]["parse_status"], state["answer"])
+    assert results["by hand"] == results["default"]
+    if failures == 2:
+        assert results["default"] == (2, "ok", "Paris")
+    else:
+        assert results["default"][:2] == (ENGINE_RETRY.max_attempts, "error")
 
 
 def test_without_a_retry_policy_a_transient_error_is_recorded_at_once() -> None:

@@ -13,6 +13,7 @@ from langchain_core.tools import tool
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.cli import main
+from flowlearn.compose import FlowSpec
 from flowlearn.evals import BENCHMARKS, Case, load_benchmark, load_cases, run_eval, write_reports
 from flowlearn.evals.benchmarks import score_case
 from flowlearn.evals.cases import ANSWER_INSTRUCTION
@@ -189,6 +190,38 @@ def test_eval_cli_with_tiny_model(
     assert (tmp_path / "report.png").exists() and (tmp_path / "report.md").exists()
 
 
+def test_token_f1_is_reachable_from_eval_collect_and_training(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from flowlearn.training import TrajectoryStore
+    from flowlearn.training.config import FlowGRPOConfig
+    from flowlearn.training.run import cases_and_scorer
+
+    data = tmp_path / "cases.jsonl"
+    data.write_text(json.dumps({"id": "1", "question": "Capital of France?", "answer": "Paris"}))
+    small = ["--planner", str(tiny_model_dir), "--max-turns", "1", "--max-new-tokens", "8"]
+    small += ["--engine-max-new-tokens", "8", "--data", str(data), "--scorer", "token_f1"]
+    assert main(["eval", *small, "--out", str(tmp_path / "eval")]) == 0
+    (result,) = read_results(tmp_path / "eval" / "results.jsonl")
+    assert result.reason.startswith("F1 ")
+    store = tmp_path / "rollouts.jsonl"
+    assert main(["collect", *small, "--group-size", "1", "--out", str(store)]) == 0
+    (trajectory,) = TrajectoryStore(store).load()
+    assert str(trajectory.reward_reason).startswith("F1 ")
+    config = FlowGRPOConfig(
+        data=str(data), scorer="token_f1", output_dir=str(tmp_path / "train"), use_cpu=True
+    )
+    cases, scorer = cases_and_scorer(config)
+    assert scorer("paris, France", cases[0]).value == pytest.approx(2 / 3)
+
+
+def test_an_unknown_scorer_fails_before_any_work() -> None:
+    from flowlearn.evals.tasks import load_cases_and_scorer
+
+    with pytest.raises(ValueError, match="unknown scorer 'f2'; known: exact_match, game24"):
+        load_cases_and_scorer(benchmark="gameof24", scorer="f2")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -267,9 +300,10 @@ def test_gated_benchmarks_load_from_the_hub_through_their_adapters(
     local.write_text("\n".join(json.dumps(r) for r in GPQA_RECORDS))
     assert load_benchmark("gpqa", path=local, limit=3) == gpqa[:3]
     (tmp_path / "gpqa.jsonl").write_text(local.read_text())  # a saved copy, found by name
-    monkeypatch.setenv("FLOWLEARN_BENCHMARKS", str(tmp_path))
     monkeypatch.setattr(datasets, "load_dataset", None)  # not asked
-    assert load_benchmark("gpqa") == gpqa
+    assert load_benchmark("gpqa", data_dir=tmp_path) == gpqa
+    monkeypatch.setenv("FLOWLEARN_BENCHMARKS", str(tmp_path))  # the CLI's root reads it
+    assert FlowSpec.from_env().benchmarks_dir == str(tmp_path)
     monkeypatch.delenv("FLOWLEARN_BENCHMARKS")
     local.write_text(json.dumps({"Question": "q"}))
     with pytest.raises(ValueError, match="lacks the field 'Correct Answer'"):

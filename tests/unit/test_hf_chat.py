@@ -8,8 +8,8 @@ from langchain_core.tools import tool
 
 from fakes import ScriptedPolicy, plan
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.hf_chat import HFChatModel, parse_tool_calls, to_chat_dicts
-from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.policies.hf_chat import HFChatModel, parse_tool_calls, to_chat_dicts
 
 pytest.importorskip("torch")
 

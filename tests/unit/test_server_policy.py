@@ -15,11 +15,11 @@ from stand_in_server import Recorded, Reply, stand_in_server
 from fakes import FakeChatModel
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes import token_faithful
-from flowlearn.nodes.batching import BatchingPolicy
-from flowlearn.nodes.hf_policy import HFPolicy
-from flowlearn.nodes.render import is_transient
+from flowlearn.nodes.policies.batching import BatchingPolicy
+from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.policies.server import ServerError, ServerPolicy
+from flowlearn.nodes.retry import is_transient
 from flowlearn.nodes.schema.sampling import Sampling
-from flowlearn.nodes.server_policy import ServerError, ServerPolicy
 from flowlearn.training import build_flow_grpo_rows
 from flowlearn.training.trajectory import trajectory_from_state
 
@@ -47,8 +47,9 @@ class FakeVLLM:
             max_new_tokens=body["max_tokens"],
             seed=body.get("seed"),
         )
-        ((completion, logprobs),) = self.decoder.decode([prompt], [sampling])
-        text = self.decoder.tokenizer.decode(completion, skip_special_tokens=True)
+        generation = self.decoder.submit(prompt, sampling).result()
+        completion, logprobs = generation.completion_ids or [], generation.logprobs or []
+        text = generation.text
         tokens = [f"token_id:{i}" for i in completion]
         if request.path.endswith("/chat/completions"):
             choice: dict[str, Any] = {

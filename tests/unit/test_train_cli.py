@@ -7,29 +7,81 @@ import pytest
 
 pytest.importorskip("trl")
 
+import torch
+
 from flowlearn.cli import main
-from flowlearn.training.config import TrainConfig
+from flowlearn.training.config import FlowGRPOConfig, parse_config
 
 
 def test_config_rejects_unknown_and_contradictory_keys(tmp_path: Path) -> None:
+    (tmp_path / "typo.yaml").write_text("benchmark: gameof24\nlearning_rat: 1.0e-5\n")
     with pytest.raises(ValueError, match=r"unknown config keys \['learning_rat'\]"):
-        TrainConfig.from_dict({"benchmark": "gameof24", "learning_rat": 1e-5})
+        parse_config(["--config", str(tmp_path / "typo.yaml")])
     with pytest.raises(ValueError, match="exclude each other"):
-        TrainConfig(benchmark="gameof24", trajectories="t.jsonl")
+        FlowGRPOConfig(benchmark="gameof24", trajectories="t.jsonl")
     with pytest.raises(ValueError, match="exactly one of benchmark or data"):
-        TrainConfig()
+        FlowGRPOConfig()
     with pytest.raises(ValueError, match="needs lora on"):
-        TrainConfig(benchmark="gameof24", engine="base", lora=False)
-    (tmp_path / "c.yaml").write_text("benchmark: gameof24\ngroup_size: 4\n")
-    assert TrainConfig.from_yaml(tmp_path / "c.yaml").group_size == 4
+        FlowGRPOConfig(benchmark="gameof24", engine="base", lora=False)
+    with pytest.raises(ValueError, match="group_size is now num_generations"):
+        parse_config(["--benchmark", "gameof24", "--group-size", "4"])
+
+
+def test_yaml_and_flags_fill_trls_own_fields(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(
+        "benchmark: gameof24\nnum_generations: 4\nlearning_rate: 1e-6\nmax_steps: 9\n"
+        "tools: [python, local_search]\ntemperature: 0.5\nmax_completion_length: 64\n"
+    )
+    config = parse_config(["--config", str(tmp_path / "c.yaml"), "--max-steps", "5", "--lora"])
+    assert isinstance(config.learning_rate, float) and config.learning_rate == 1e-6
+    assert (config.num_generations, config.max_steps, config.lora) == (4, 5, True)  # flags win
+    assert config.per_device_train_batch_size == 4 * 4  # questions_per_step x G
+    assert config.gradient_accumulation_steps == config.steps_per_generation == 1
+    assert config.loss_type == "dapo"
+    assert config.use_cpu == (not torch.cuda.is_available())  # use_cpu follows the device
+    context = config.context()  # the planner samples with TRL's settings
+    assert (context.planner_temperature, context.planner_max_new_tokens) == (0.5, 64)
+    assert context.tools == ("python", "local_search") and context.max_turns == 3
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("gradient_accumulation_steps", "2"),
+        ("steps_per_generation", "2"),
+        ("per_device_train_batch_size", "3"),
+        ("loss_type", "grpo"),
+        ("top_k", "5"),
+    ],
+)
+def test_trl_options_the_trainer_cannot_honour_are_errors(option: str, value: str) -> None:
+    with pytest.raises(ValueError, match=option):
+        parse_config(["--benchmark", "gameof24", f"--{option}", value])
+
+
+def test_train_help_lists_trls_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    for option in (
+        "--gradient_accumulation_steps",
+        "--use_bias_correction_kl",
+        "--disable_dropout",
+        "--num_generations",
+        "--questions_per_step",
+    ):
+        assert option in shown, option
 
 
 def test_train_cli_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "c.yaml").write_text("benchmark: gameof24\nbogus: 1\n")
     assert main(["train", "--config", str(tmp_path / "c.yaml")]) == 2
     assert "unknown config keys ['bogus']" in capsys.readouterr().err
-    assert main(["train", "--benchmark", "gameof24", "--group-size", "0"]) == 2
-    assert "group_size must be >= 1" in capsys.readouterr().err
+    assert main(["train", "--benchmark", "gameof24", "--num-generations", "0"]) == 2
+    assert "num_generations must be >= 1" in capsys.readouterr().err
+    assert main(["train", "--benchmark", "gameof24", "--max_steps", "many"]) == 2
+    assert "invalid int value: 'many'" in capsys.readouterr().err
 
 
 def questions_per_step(out: Path) -> dict[str, list[str]]:
@@ -52,13 +104,13 @@ def test_lora_with_the_frozen_base_as_engine(tiny_model_dir: Path, tmp_path: Pat
                 "gameof24",
                 "--limit",
                 "2",
-                "--group-size",
+                "--num_generations",
                 "2",
                 "--questions-per-step",
                 "1",
                 "--max-turns",
                 "1",
-                "--planner-max-new-tokens",
+                "--max_completion_length",
                 "8",
                 "--engine-max-new-tokens",
                 "8",
@@ -69,7 +121,8 @@ def test_lora_with_the_frozen_base_as_engine(tiny_model_dir: Path, tmp_path: Pat
                 "base",
                 "--beta",
                 "0.01",
-                "--no-bf16",
+                "--bf16",
+                "false",
                 "--output-dir",
                 str(out),
             ]
@@ -88,8 +141,8 @@ def test_train_checkpoint_resume_and_final_policy_runs(
     out = tmp_path / "train"
     config = tmp_path / "train.yaml"
     config.write_text(
-        f"planner: {tiny_model_dir}\nbenchmark: gameof24\nlimit: 4\ngroup_size: 2\n"
-        f"questions_per_step: 1\nmax_turns: 1\nplanner_max_new_tokens: 8\n"
+        f"planner: {tiny_model_dir}\nbenchmark: gameof24\nlimit: 4\nnum_generations: 2\n"
+        f"questions_per_step: 1\nmax_turns: 1\nmax_completion_length: 8\n"
         f"engine_max_new_tokens: 8\nlearning_rate: 0.001\nsave_steps: 1\nmax_steps: 2\n"
         f"output_dir: {out}\nbf16: false\n"
     )
@@ -116,7 +169,7 @@ def test_train_checkpoint_resume_and_final_policy_runs(
                 "What is 2 + 2?",
                 "--planner",
                 str(out / "final"),
-                "--max-steps",
+                "--max-turns",
                 "1",
                 "--max-new-tokens",
                 "8",
@@ -127,3 +180,53 @@ def test_train_checkpoint_resume_and_final_policy_runs(
         == 0
     )
     assert "Answer:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("yaml_line", "message"),
+    [
+        ("tools: [python, pyhton]", "unknown tools ['pyhton']"),
+        ("benchmark: gameof42", "unknown benchmark 'gameof42'"),
+        ("corpus: /nonexistent/corpus.jsonl", "is not a file"),
+        ("planner: /nonexistent/model", "model '/nonexistent/model' does not exist"),
+    ],
+)
+def test_training_names_are_checked_by_the_root_before_any_model_loads(
+    tmp_path: Path, yaml_line: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text('{"id": "a", "query": "1 + 1?", "reference": "2"}\n')
+    data = "" if yaml_line.startswith("benchmark") else f"data: {cases}\n"
+    config = tmp_path / "train.yaml"
+    config.write_text(f"{data}{yaml_line}\noutput_dir: {tmp_path / 'out'}\n")
+    assert main(["train", "--config", str(config)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_the_live_planner_and_the_frozen_base_share_one_model_lock(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from flowlearn.training.trainer import FlowGRPOTrainer
+    from flowlearn.training_parts import build_training_parts
+
+    flags = ["--planner", str(tiny_model_dir), "--benchmark", "gameof24", "--limit", "2"]
+    flags += ["--num_generations", "2", "--questions-per-step", "1", "--max-turns", "1"]
+    flags += ["--max_completion_length", "4", "--engine-max-new-tokens", "4", "--lora"]
+    flags += ["--engine", "base", "--bf16", "false", "--use_cpu", "true"]
+    config = parse_config([*flags, "--output_dir", str(tmp_path / "out"), "--report_to", "none"])
+    parts = build_training_parts(config)
+    assert parts.handle is not None and parts.engine is not None
+    assert parts.engine.policy.handle is parts.handle  # type: ignore[attr-defined]
+    trainer = FlowGRPOTrainer.online(
+        parts.model,
+        args=config,
+        cases=parts.cases or [],
+        scorer=parts.scorer,  # type: ignore[arg-type]
+        engine=parts.engine,
+        tools=parts.tools,
+        handle=parts.handle,
+        processing_class=parts.tokenizer,
+    )
+    trainer.rollout((parts.cases or [])[:1])
+    assert trainer.model_handle is parts.handle

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flowlearn.training.checkpoints import last_complete_checkpoint, save_atomically
+from flowlearn.evals.files import save_atomically
+from flowlearn.training.checkpoints import last_complete_checkpoint
 
 pytest.importorskip("trl")
 
@@ -22,8 +23,8 @@ STEPS = 6
 
 def write_config(path: Path, model: Path, out: Path) -> Path:
     path.write_text(
-        f"planner: {model}\nbenchmark: gameof24\nlimit: 6\ngroup_size: 2\n"
-        f"questions_per_step: 1\nmax_turns: 1\nplanner_max_new_tokens: 8\n"
+        f"planner: {model}\nbenchmark: gameof24\nlimit: 6\nnum_generations: 2\n"
+        f"questions_per_step: 1\nmax_turns: 1\nmax_completion_length: 8\n"
         f"engine_max_new_tokens: 8\nlearning_rate: 0.001\nsave_steps: 1\nmax_steps: {STEPS}\n"
         f"output_dir: {out}\nbf16: false\nseed: 7\n"
     )

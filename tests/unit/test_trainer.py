@@ -19,7 +19,7 @@ from fakes import FakeChatModel
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import exact_match
 from flowlearn.graphs import Context
-from flowlearn.nodes.hf_policy import HFPolicy
+from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training import TrajectoryStore, build_flow_grpo_rows
 from flowlearn.training.metrics import read_metrics
@@ -78,7 +78,7 @@ def load(tiny_model_dir: Path) -> tuple[Any, Any]:
     )
 
 
-CONTEXT = Context(max_steps=2, planner_temperature=0.7, planner_max_new_tokens=12)
+CONTEXT = Context(max_turns=2, planner_temperature=0.7, planner_max_new_tokens=12)
 CASES = [Case(str(i), f"Capital {i}?", "paris") for i in range(4)]
 
 
@@ -91,7 +91,7 @@ def test_online_training_updates_the_planner_in_the_flow(
 ) -> None:
     model, tokenizer = load(tiny_model_dir)
     store = TrajectoryStore(tmp_path / "rollouts.jsonl")
-    trainer = FlowGRPOTrainer(
+    trainer = FlowGRPOTrainer.online(
         model,
         # 2 questions x 4 rollouts per step: the weights stay put only if every group's 4
         # coin-flip answers agree, odds 8**-4
@@ -181,7 +181,7 @@ def perturbed_trajectories(policy: HFPolicy, seed: int) -> list[Trajectory]:
 def test_trl_loss_equals_the_papers_objective(tiny_model_dir: Path, tmp_path: Path) -> None:
     model, tokenizer = load(tiny_model_dir)
     trajectories = perturbed_trajectories(HFPolicy(model, tokenizer), seed=3)
-    trainer = FlowGRPOTrainer(
+    trainer = FlowGRPOTrainer.offline(
         model,
         args=config(tmp_path, epsilon=0.2, epsilon_high=0.3),
         trajectories=trajectories,
@@ -220,7 +220,7 @@ def test_offline_training_from_exported_trajectories(tiny_model_dir: Path, tmp_p
     path = export_parquet(
         perturbed_trajectories(HFPolicy(model, tokenizer), seed=5), tmp_path / "t.parquet"
     )
-    trainer = FlowGRPOTrainer(
+    trainer = FlowGRPOTrainer.offline(
         model,
         args=config(tmp_path, max_steps=1),
         trajectories=read_parquet(path),
@@ -242,7 +242,7 @@ def test_offline_training_from_exported_trajectories(tiny_model_dir: Path, tmp_p
             {},
             "gradient_accumulation_steps=1",
         ),
-        ({}, {"trajectories": []}, "not both"),
+        ({}, {"cases": CASES[:1]}, "only 1 questions were given"),
         ({"per_device_train_batch_size": 16}, {}, "each step takes 8 questions"),
     ],
 )
@@ -255,16 +255,15 @@ def test_contradictory_settings_are_errors(
 ) -> None:
     model, tokenizer = load(tiny_model_dir)
     with pytest.raises(ValueError, match=message):
-        FlowGRPOTrainer(
+        FlowGRPOTrainer.online(
             model,
             args=config(tmp_path, **overrides),
             engine=engine(),
             tools=[lookup],
             scorer=scorer,
-            cases=CASES,
             context=CONTEXT,
             processing_class=tokenizer,
-            **kwargs,
+            **{"cases": CASES, **kwargs},
         )
 
 
@@ -317,11 +316,11 @@ def test_one_step_moves_probability_towards_rewarded_turns(
     model, tokenizer = load(tiny_model_dir)
     group = sampled_group(HFPolicy(model, tokenizer), rewards)
     before = [
-        sequence_logp(model, t.transitions[0].prompt_ids, t.transitions[0].completion_ids)
+        sequence_logp(model, t.transitions[0]["prompt_ids"], t.transitions[0]["completion_ids"])
         for t in group
     ]
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = FlowGRPOTrainer(
+    trainer = FlowGRPOTrainer.offline(
         model,
         args=config(tmp_path, max_steps=1, learning_rate=1e-2, weight_decay=0.0, num_generations=4),
         trajectories=group,
@@ -330,7 +329,7 @@ def test_one_step_moves_probability_towards_rewarded_turns(
     )
     trainer.train()
     after = [
-        sequence_logp(model, t.transitions[0].prompt_ids, t.transitions[0].completion_ids)
+        sequence_logp(model, t.transitions[0]["prompt_ids"], t.transitions[0]["completion_ids"])
         for t in group
     ]
     moved = sum((weights[k] - v).abs().sum().item() for k, v in model.state_dict().items())
@@ -349,7 +348,7 @@ def test_a_step_whose_rollouts_were_all_dropped_is_skipped(
 
     model, tokenizer = load(tiny_model_dir)
     store = TrajectoryStore(tmp_path / "rollouts.jsonl")
-    trainer = FlowGRPOTrainer(
+    trainer = FlowGRPOTrainer.online(
         model,
         args=config(tmp_path, weight_decay=0.1),
         engine=engine(),

@@ -6,31 +6,35 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from flowlearn.nodes.hf_loading import load_model_and_tokenizer
+from flowlearn.nodes.policies.handle import ModelHandle
+from flowlearn.nodes.policies.loading import load_model_and_tokenizer
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
 logger = logging.getLogger(__name__)
 
-_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
-_MODEL_LOCKS_GUARD = threading.Lock()
 
+@runtime_checkable
+class LocalPolicy(Protocol):
+    """A policy on a local model's handle: an `HFPolicy`, or a wrapper such as `BatchingPolicy`."""
 
-def model_lock(model: Any) -> threading.RLock:
-    """Return the one lock of `model`, shared by every policy over it.
+    @property
+    def handle(self) -> ModelHandle:
+        """The model, tokenizer and lock the policy runs on."""
+        ...
 
-    Policies over one model (the trained planner, its batching wrapper, the frozen base serving
-    as engine with the LoRA adapter switched off) must never run at once: the adapter switch is
-    global to the model. Re-entrant, because `FrozenBasePolicy` holds it around `generate`.
-    """
-    with _MODEL_LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
-        if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.RLock()
-        return lock
+    @property
+    def version(self) -> str:
+        """The policy version recorded in every transition."""
+        ...
+
+    def generate(
+        self, messages: Messages, sampling: Sampling, *, streamer: Any = None
+    ) -> Generation:
+        """Sample one completion; a transformers `streamer` gets its tokens as they come."""
+        ...
 
 
 class HFPolicy:
@@ -42,8 +46,9 @@ class HFPolicy:
     the one TRL recomputes at the same temperature (greedy decoding, temperature 0, records it
     at temperature 1). Top-p only truncates that distribution's tail, as in TRL and vLLM.
 
-    Calls are serialised by the model's lock (`model_lock`), shared by every policy over the same
-    model: one generate at a time (`BatchingPolicy` coalesces concurrent calls instead).
+    Calls are serialised by the lock of the policy's `ModelHandle`, shared by every policy built
+    on that handle (`HFPolicy.on`): one generate at a time (`BatchingPolicy` coalesces
+    concurrent calls instead).
     """
 
     def __init__(
@@ -54,7 +59,7 @@ class HFPolicy:
         version: str | None = None,
         context_window: int | None = None,
     ) -> None:
-        """Wrap `model` and `tokenizer`.
+        """Wrap `model` and `tokenizer` on a new handle.
 
         Args:
             model: a transformers causal LM.
@@ -64,14 +69,37 @@ class HFPolicy:
                 model's `max_position_embeddings`. Longer prompts are cut to fit (`fit_prompt`).
 
         """
-        self.model = model
-        self.tokenizer = tokenizer
-        name = getattr(model.config, "name_or_path", "") or type(model).__name__
+        self._bind(ModelHandle(model, tokenizer), version, context_window)
+
+    @classmethod
+    def on(
+        cls,
+        handle: ModelHandle,
+        *,
+        version: str | None = None,
+        context_window: int | None = None,
+    ) -> HFPolicy:
+        """Build a policy on an existing handle: it shares that model's lock."""
+        policy = cls.__new__(cls)
+        policy._bind(handle, version, context_window)
+        return policy
+
+    def _bind(self, handle: ModelHandle, version: str | None, context_window: int | None) -> None:
+        self.handle = handle
+        config = handle.model.config
+        name = getattr(config, "name_or_path", "") or type(handle.model).__name__
         self.version = version or f"{os.path.basename(str(name).rstrip('/')) or name}@0"
-        self.context_window = context_window or getattr(
-            model.config, "max_position_embeddings", None
-        )
-        self._lock = model_lock(model)
+        self.context_window = context_window or getattr(config, "max_position_embeddings", None)
+
+    @property
+    def model(self) -> Any:
+        """The wrapped causal LM."""
+        return self.handle.model
+
+    @property
+    def tokenizer(self) -> Any:
+        """Its tokenizer."""
+        return self.handle.tokenizer
 
     @classmethod
     def from_pretrained(
@@ -81,9 +109,15 @@ class HFPolicy:
         device: str | None = None,
         dtype: str | None = None,
         version: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> HFPolicy:
-        """Load from a hub id, a local folder, a .gguf file, or the embedded default (None)."""
-        model, tokenizer = load_model_and_tokenizer(source, device=device, dtype=dtype)
+        """Load from a hub id, a local folder, a .gguf file, or the embedded default (None).
+
+        `cache_dir` is where the converted default model is kept (`load_model_and_tokenizer`).
+        """
+        model, tokenizer = load_model_and_tokenizer(
+            source, device=device, dtype=dtype, cache_dir=cache_dir
+        )
         return cls(model, tokenizer, version=version)
 
     def encode_chat(self, messages: Messages) -> list[int]:
@@ -156,7 +190,7 @@ class HFPolicy:
             output_logits=True,
         )
         start = time.perf_counter()
-        with self._lock, torch.no_grad():
+        with self.handle.lock, torch.no_grad():
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             device = self.model.device
@@ -221,11 +255,12 @@ def token_logprobs(logits: Any, token_ids: list[int], temperature: float) -> lis
     return [float(x) for x in picked.tolist()]
 
 
-def stream_text(policy: HFPolicy, messages: Messages, sampling: Sampling) -> Iterator[str]:
+def stream_text(policy: LocalPolicy, messages: Messages, sampling: Sampling) -> Iterator[str]:
     """Yield the decoded text of one completion piece by piece as the model writes it."""
     from transformers import TextIteratorStreamer
 
-    streamer = TextIteratorStreamer(policy.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    tokenizer = policy.handle.tokenizer
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     result: dict[str, Any] = {}
 
     def run() -> None:

@@ -27,7 +27,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
 
-from flowlearn.nodes.hf_policy import HFPolicy, stream_text
+from flowlearn.nodes.policies.hf import LocalPolicy, stream_text
 from flowlearn.nodes.schema.sampling import Messages, Sampling
 
 TOOL_CALL_INSTRUCTIONS = """\
@@ -98,11 +98,11 @@ def _close_json(fragment: str) -> Any:
 
 
 class HFChatModel(BaseChatModel):
-    """Chat model over an `HFPolicy`: greedy by default, as a fixed engine should be."""
+    """Chat model over a `LocalPolicy` (`HFPolicy`, `BatchingPolicy`): greedy, as an engine."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    policy: HFPolicy = Field(exclude=True)
+    policy: LocalPolicy = Field(exclude=True)
     temperature: float = 0.0
     top_p: float = 1.0
     max_new_tokens: int = 512

@@ -11,17 +11,20 @@ from typing import Any
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SOURCES = ("default", "smollm2", "")
-CACHE_ENV = "FLOWLEARN_CACHE"
 
 
 class ModelNotFoundError(RuntimeError):
     """No model could be found where the user (or the default) pointed."""
 
 
-def cache_dir() -> Path:
-    """Return flowlearn's cache folder: `$FLOWLEARN_CACHE`, else `$XDG_CACHE_HOME/flowlearn`."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
+def cache_dir(given: str | os.PathLike[str] | None = None) -> Path:
+    """Return flowlearn's cache folder: `given`, else `$XDG_CACHE_HOME/flowlearn`.
+
+    `$XDG_CACHE_HOME` defaults to `~/.cache`. The composition root (`flowlearn.compose`)
+    passes `given` from its settings; nothing here reads flowlearn's own variables.
+    """
+    if given:
+        return Path(given).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "flowlearn"
 
@@ -46,14 +49,15 @@ def embedded_gguf() -> Path:
     return files[0]
 
 
-def default_model_dir() -> Path:
+def default_model_dir(cache: str | os.PathLike[str] | None = None) -> Path:
     """Return a folder holding the de-quantized default model, converting it once if needed.
 
     Transformers de-quantizes the GGUF file (about half a minute on 2 cores) into a model that
     refuses `save_pretrained`; rebuilding it from its config without the quantization settings
-    and loading the weights into it saves fine, so later loads take well under a second.
+    and loading the weights into it saves fine, so later loads take well under a second. The
+    folder is `DEFAULT_MODEL_NAME` under `cache_dir(cache)`.
     """
-    target = cache_dir() / DEFAULT_MODEL_NAME
+    target = cache_dir(cache) / DEFAULT_MODEL_NAME
     if (target / "config.json").exists():
         return target
     gguf = embedded_gguf()
@@ -99,6 +103,7 @@ def load_model_and_tokenizer(
     *,
     device: str | None = None,
     dtype: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a hub id, a folder, a .gguf file or the default.
 
@@ -107,6 +112,8 @@ def load_model_and_tokenizer(
             folder; or a Hugging Face hub id.
         device: "cpu", "cuda", "cuda:1", ...; None picks CUDA when available.
         dtype: a torch dtype name; None picks bf16 on CUDA and fp32 on CPU.
+        cache_dir: where the converted default model is kept; None: `$XDG_CACHE_HOME/flowlearn`
+            (`~/.cache/flowlearn`).
 
     Raises:
         ModelNotFoundError: nothing loadable at `source`, with how to fix it.
@@ -118,7 +125,7 @@ def load_model_and_tokenizer(
     text = str(source) if source is not None else ""
     kwargs: dict[str, Any] = {}
     if text.lower() in DEFAULT_SOURCES:
-        location: str | Path = default_model_dir()
+        location: str | Path = default_model_dir(cache_dir)
     elif text.endswith(".gguf"):
         path = Path(text).expanduser()
         if not path.is_file():

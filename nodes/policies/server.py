@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any, Literal
 
+from flowlearn.nodes.policies.hf import chat_prompt_ids
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
 LogprobsMode = Literal["processed", "raw"]
@@ -92,8 +93,6 @@ class ServerPolicy:
             body["seed"] = sampling.seed
         prompt_ids: list[int] | None = None
         if self.tokenizer is not None:
-            from flowlearn.nodes.hf_policy import chat_prompt_ids
-
             prompt_ids = chat_prompt_ids(self.tokenizer, messages)
             route = "/completions"
             body |= {"prompt": prompt_ids, "logprobs": 1}

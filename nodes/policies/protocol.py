@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+from langchain_core.language_models import BaseChatModel
 
 from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
-
-if TYPE_CHECKING:
-    from langchain_core.language_models import BaseChatModel
 
 
 @runtime_checkable

@@ -1,0 +1,83 @@
+"""One concurrent, resumable runner: `flowlearn eval` and `flowlearn collect` both run on it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Container, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import TypeVar
+
+logger = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def run_resumable(
+    items: Mapping[str, Item],
+    run_one: Callable[[Item], Result],
+    *,
+    done: Container[str] = frozenset(),
+    save: Callable[[Result], object] | None = None,
+    concurrency: int = 4,
+    progress: bool = True,
+    label: str = "items",
+    unit: str = "it",
+) -> dict[str, Result]:
+    """Run every item whose id is not in `done`, `concurrency` at a time, saving each result.
+
+    Args:
+        items: work items by id; the ids make the run resumable.
+        run_one: does one item; runs on a worker thread.
+        done: ids finished by an earlier run (e.g. read from the results file); not run again.
+        save: called with each result as soon as it is known, on the worker thread, e.g. a
+            durable append; a result counts as finished only once saved.
+        concurrency: items in flight at once (threads).
+        progress: show a tqdm progress bar, counting the finished items too.
+        label: the progress bar's and the log messages' name for the items.
+        unit: the progress bar's unit.
+
+    Returns the fresh results by id, in completion order. An item whose `run_one` or `save`
+    raises is logged and left out, so the next run retries it; it never stops the others.
+
+    """
+    from tqdm.auto import tqdm
+
+    todo = [key for key in items if key not in done]
+
+    def finish(key: str) -> Result:
+        result = run_one(items[key])
+        if save is not None:
+            save(result)
+        return result
+
+    fresh: dict[str, Result] = {}
+    failed: list[str] = []
+    with (
+        ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool,
+        tqdm(
+            total=len(items),
+            initial=len(items) - len(todo),
+            disable=not progress,
+            desc=label,
+            unit=unit,
+        ) as bar,
+    ):
+        futures = {pool.submit(finish, key): key for key in todo}
+        for future in as_completed(futures):
+            key = futures[future]
+            try:
+                fresh[key] = future.result()
+            except Exception as exc:  # a crashed item is retried by the next run
+                failed.append(key)
+                logger.warning("%s: %s failed: %s: %s", label, key, type(exc).__name__, exc)
+                continue
+            bar.update(1)
+    if failed:
+        logger.warning(
+            "%s: %d failed and were not saved; run again to retry them: %s",
+            label,
+            len(failed),
+            ", ".join(sorted(failed)[:10]),
+        )
+    return fresh

@@ -1,0 +1,209 @@
+"""The composition root: names (flags, YAML, environment, Studio) in, policy, engine, tools out.
+
+It is the one module that reads `FLOWLEARN_*` environment variables, and it checks every name
+(tools, models, benchmark, corpus) before any model loads, so a typo fails in a second with a
+message that says what to fix, not as every rollout failing. The CLI, the Studio graph and
+training all build their parts here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.tools import BaseTool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from flowlearn.evals.benchmarks import BENCHMARKS
+from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes.policies import (
+    HFChatModel,
+    ModelNotFoundError,
+    Policy,
+    ServerPolicy,
+    load_local_models,
+)
+from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, default_tools
+from flowlearn.nodes.tools.web_search import KEY_ENV as TAVILY_KEY_ENV
+
+ENV = {
+    "planner": "FLOWLEARN_PLANNER",
+    "engine": "FLOWLEARN_ENGINE",
+    "corpus": "FLOWLEARN_CORPUS",
+    "web": "FLOWLEARN_WEB_TOOLS",
+    "cache_dir": "FLOWLEARN_CACHE",
+    "benchmarks_dir": "FLOWLEARN_BENCHMARKS",
+    "wikipedia_endpoint": "FLOWLEARN_WIKIPEDIA_URL",
+}
+"""Each `FlowSpec` field a variable may set, and its name; a given value always wins."""
+
+
+class UsageError(ValueError):
+    """A bad name or option value; the CLI prints it and exits with status 2."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlowSpec:
+    """The names a flow is built from: which models, tools and data, not yet loaded."""
+
+    planner: str = "default"
+    """Planner model: "default" (embedded SmolLM2), a hub id, a folder or a .gguf file."""
+    engine: str | None = None
+    """Fixed engine model; None: the planner's model (one copy in memory)."""
+    planner_url: str | None = None
+    """Plan on an OpenAI-compatible server at this URL; `planner` names the served model."""
+    device: str | None = None
+    dtype: str | None = None
+    engine_max_new_tokens: int = 384
+    corpus: str | None = None
+    """JSONL corpus for `local_search`; None: the bundled world facts."""
+    web: bool = False
+    """Bind `wikipedia_search` and `web_search` too."""
+    batch_size: int = 1
+    """Concurrent calls decoded together (concurrent flows share batches)."""
+    cache_dir: str | None = None
+    benchmarks_dir: str | None = None
+    wikipedia_endpoint: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> FlowSpec:
+        """Fill every field not `given` (or given as None) from its `FLOWLEARN_*` variable."""
+        environ = os.environ if environ is None else environ
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise UsageError(f"unknown flow settings {unknown}; known: {sorted(known)}")
+        values = {k: v for k, v in given.items() if v is not None}
+        for name, variable in ENV.items():
+            if name not in values and environ.get(variable):
+                raw = environ[variable]
+                values[name] = raw.strip() in {"1", "true", "yes"} if name == "web" else raw
+        return cls(**values)
+
+    def bound_tools(self) -> tuple[str, ...]:
+        """Names of the tools this spec binds to the graph."""
+        return BASE_TOOLS + WEB_TOOLS if self.web else BASE_TOOLS
+
+
+def check_names(
+    spec: FlowSpec,
+    *,
+    tools: Sequence[str] | None = None,
+    benchmark: str | None = None,
+    data: str | None = None,
+) -> None:
+    """Check every name before any work starts: tools, models, corpus, benchmark, data file.
+
+    Raises:
+        UsageError: the first bad name, with the choices or the fix.
+
+    """
+    unknown = sorted(set(tools or ()) - set(spec.bound_tools()))
+    if unknown:
+        hint = "" if spec.web else f" (the web tools {list(WEB_TOOLS)} need web on)"
+        raise UsageError(f"unknown tools {unknown}; available: {list(spec.bound_tools())}{hint}")
+    if spec.web and not os.environ.get(TAVILY_KEY_ENV):
+        raise UsageError(
+            f"web_search needs a Tavily API key: set {TAVILY_KEY_ENV}, or leave web search off"
+        )
+    if spec.corpus is not None and not Path(spec.corpus).expanduser().is_file():
+        raise UsageError(f"corpus {spec.corpus} is not a file; give a JSONL corpus")
+    if benchmark is not None and benchmark not in BENCHMARKS:
+        raise UsageError(f"unknown benchmark {benchmark!r}; known: {', '.join(sorted(BENCHMARKS))}")
+    if data is not None and not Path(data).expanduser().is_file():
+        raise UsageError(f"data file {data} does not exist")
+    if spec.planner_url is not None and spec.planner in {"", "default"}:
+        raise UsageError(
+            "--planner-url needs --planner: the name the server serves the model under"
+        )
+    models = [spec.engine] if spec.planner_url else [spec.planner, spec.engine]
+    for name in filter(None, models):
+        check_model_name(name)
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a model name that can only mean a local path, when nothing is there."""
+    path = Path(name).expanduser()
+    looks_local = name.endswith(".gguf") or name.startswith((".", "/", "~")) or name.count("/") > 1
+    if looks_local and not path.exists():
+        raise UsageError(
+            f"model {name!r} does not exist: name a local folder, a .gguf file, a hub id, "
+            "or 'default' for the embedded SmolLM2"
+        )
+
+
+def build_tools(spec: FlowSpec, engine: BaseChatModel) -> list[BaseTool]:
+    """Return the tools the spec binds, over the fixed engine."""
+    return default_tools(
+        engine,
+        corpus=spec.corpus,
+        web=spec.web,
+        wikipedia_endpoint=spec.wikipedia_endpoint,
+    )
+
+
+@dataclass
+class Flow:
+    """A compiled graph with what it was built from."""
+
+    graph: Any
+    """The compiled LangGraph graph (`CompiledStateGraph[State, Context, InputState, State]`)."""
+    context: Context
+    planner: Policy
+    engine: HFChatModel
+    tool_names: list[str]
+
+
+def build_flow(
+    spec: FlowSpec,
+    context: Context | None = None,
+    *,
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+) -> Flow:
+    """Check the names, load the models and compile the flow.
+
+    Raises:
+        UsageError: a bad name or a missing model, with how to fix it.
+
+    """
+    context = context or Context()
+    check_names(spec, tools=context.tools)
+    # On a server the planner is remote; the local model is the engine's (one copy in memory).
+    local = (spec.engine or "default") if spec.planner_url else spec.planner
+    try:
+        models = load_local_models(
+            local,
+            spec.engine,
+            device=spec.device,
+            dtype=spec.dtype,
+            engine_max_new_tokens=spec.engine_max_new_tokens,
+            batch_size=spec.batch_size,
+            cache_dir=spec.cache_dir,
+        )
+        planner = models.planner if spec.planner_url is None else server_planner(spec)
+    except (ValueError, ModelNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
+    tools = build_tools(spec, models.engine)
+    graph = build_agentflow(planner, models.engine, tools, checkpointer=checkpointer)
+    names = sorted(context.tools or [tool.name for tool in tools])
+    return Flow(graph, context, planner, models.engine, names)
+
+
+def server_planner(spec: FlowSpec) -> Policy:
+    """Return the planner on the server at `spec.planner_url`, serving the `spec.planner` model.
+
+    When the model's tokenizer loads here (a local folder, or a hub id with hub access), the
+    chat template is applied here and prompts go to the server as token ids; otherwise the
+    server renders them. Either way the transitions carry the ids the server returns.
+    """
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(spec.planner)
+    except (OSError, ValueError):
+        tokenizer = None
+    return ServerPolicy(str(spec.planner_url), spec.planner, tokenizer=tokenizer)

@@ -1,0 +1,26 @@
+"""The graph `langgraph dev` (Studio) and LangGraph servers load: parts named by the environment.
+
+`langgraph.json` points at `flowlearn.studio:make_graph`. The models load on the first run, once
+per process, through the composition root (`flowlearn.compose`): `$FLOWLEARN_PLANNER` /
+`$FLOWLEARN_ENGINE` (default: the embedded SmolLM2), tools from `$FLOWLEARN_CORPUS` and
+`$FLOWLEARN_WEB_TOOLS`. The graph is compiled without a checkpointer: the server brings its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import lru_cache
+from typing import Any
+
+from flowlearn.compose import FlowSpec, build_flow
+
+
+@lru_cache(maxsize=1)
+def build_graph_from_env() -> Any:
+    """Build the AgentFlow graph on the parts the environment names (cached per process)."""
+    return build_flow(FlowSpec.from_env()).graph
+
+
+async def make_graph() -> Any:
+    """Return the graph; loading happens in a worker thread, never on the server's event loop."""
+    return await asyncio.to_thread(build_graph_from_env)

@@ -1,0 +1,89 @@
+"""The composition root's training half: a `FlowGRPOConfig`'s names in, a training job's parts out.
+
+Training goes through the same checks as the CLI and Studio (`flowlearn.compose.check_names`):
+a typo in `tools`, `benchmark`, `corpus` or a model name fails before any model loads, instead
+of every rollout failing. Only names in the config count: the `FLOWLEARN_*` variables that pick
+models and tools for `run` and Studio never change what trains (the cache and benchmarks folders
+still come from the environment, as everywhere).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowlearn.compose import FlowSpec, UsageError, build_tools, check_names
+from flowlearn.nodes.policies import (
+    FrozenBasePolicy,
+    HFChatModel,
+    HFPolicy,
+    ModelHandle,
+    ModelNotFoundError,
+    load_model_and_tokenizer,
+)
+from flowlearn.training.config import FlowGRPOConfig
+from flowlearn.training.run import TrainingParts, cases_and_scorer
+
+
+def training_spec(config: FlowGRPOConfig) -> FlowSpec:
+    """Name the job's planner, engine and tools from the config alone (plus cache folders)."""
+    env = FlowSpec.from_env()
+    return FlowSpec(
+        planner=config.planner or "default",
+        engine=None if config.engine == "base" else config.engine,
+        engine_max_new_tokens=config.engine_max_new_tokens,
+        corpus=config.corpus,
+        cache_dir=env.cache_dir,
+        benchmarks_dir=env.benchmarks_dir,
+    )
+
+
+def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
+    """Check every name, then load the planner (LoRA-wrapped when asked), engine, tools, data.
+
+    LoRA wraps the planner here, so the frozen base can serve as the engine (`engine: base`);
+    TRL then sees a PeftModel.
+
+    Raises:
+        UsageError: a bad name, or a model that cannot be found, with how to fix it.
+
+    """
+    spec = training_spec(config)
+    check_names(spec, tools=config.tools, benchmark=config.benchmark, data=config.data)
+    try:
+        data = None if config.trajectories else cases_and_scorer(config, spec.benchmarks_dir)
+        device = "cpu" if config.use_cpu else None  # None: CUDA when available
+        model, tokenizer = load_model_and_tokenizer(
+            spec.planner, device=device, cache_dir=spec.cache_dir
+        )
+    except (ValueError, ModelNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
+    lora = config.lora if config.lora is not None else model.num_parameters() > 1e9
+    if lora:
+        model = with_lora(model, config)
+    handle = ModelHandle(model, tokenizer)  # the live planner and the frozen base share its lock
+    parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
+    if data is None:
+        return parts
+    if config.engine == "base":
+        backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
+    else:
+        backend = HFPolicy.from_pretrained(
+            spec.engine or spec.planner, device=device, cache_dir=spec.cache_dir
+        )
+    parts.engine = HFChatModel(policy=backend, max_new_tokens=config.engine_max_new_tokens)
+    parts.tools = build_tools(spec, parts.engine)
+    parts.cases, parts.scorer = data
+    return parts
+
+
+def with_lora(model: Any, config: FlowGRPOConfig) -> Any:
+    """Wrap `model` in a LoRA adapter on all linear layers (peft)."""
+    from peft import LoraConfig, get_peft_model
+
+    adapter = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, adapter)

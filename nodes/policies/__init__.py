@@ -1,0 +1,32 @@
+"""Model backends: the planner's policy protocol and its local, batched, served and scripted kinds.
+
+Importing this package stays light (no torch or transformers): those load when a model does.
+"""
+
+from flowlearn.nodes.policies.batching import BatchingPolicy
+from flowlearn.nodes.policies.frozen_base import FrozenBasePolicy
+from flowlearn.nodes.policies.handle import ModelHandle
+from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.policies.hf_chat import HFChatModel
+from flowlearn.nodes.policies.loading import ModelNotFoundError, load_model_and_tokenizer
+from flowlearn.nodes.policies.local_models import LocalModels, load_local_models
+from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
+from flowlearn.nodes.policies.scripted import ScriptedPolicy
+from flowlearn.nodes.policies.server import ServerError, ServerPolicy
+
+__all__ = [
+    "BatchingPolicy",
+    "ChatModelPolicy",
+    "FrozenBasePolicy",
+    "HFChatModel",
+    "HFPolicy",
+    "LocalModels",
+    "ModelHandle",
+    "ModelNotFoundError",
+    "Policy",
+    "ScriptedPolicy",
+    "ServerError",
+    "ServerPolicy",
+    "load_local_models",
+    "load_model_and_tokenizer",
+]

@@ -1,0 +1,218 @@
+"""Dynamic batching: concurrent policy calls from many in-flight flows share one forward pass.
+
+RL on agent flows spends most of its time generating. With G rollouts of Q questions in flight
+(threads or asyncio), `BatchingPolicy` queues each `generate` call and decodes up to
+`max_batch_size` of them together in one KV-cached loop (`BatchDecoder`), each with its own
+temperature, top-p, seed, token budget and stop at EOS. The loop is continuous: a request that
+finishes leaves the batch and returns at once, and requests that arrive meanwhile join it at
+the next step. Each request gets back exactly what a single call logs: its prompt ids, the ids
+it sampled and `log_softmax(logits / temperature)` of each (temperature 1 for greedy). A
+request that fails (a bad prompt, a sampler that raises) fails alone.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowlearn.nodes.policies.decoding import BatchDecoder, Request, Running
+from flowlearn.nodes.policies.handle import ModelHandle
+from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
+
+IDLE_EXIT_S = 5.0
+"""A batching worker with nothing to decode for this long ends; the next call starts one."""
+
+
+class _Stop(Exception):
+    """The policy was closed (by `close`, or because the interpreter is exiting)."""
+
+
+def _stop_worker(requests: queue.Queue[Request | None], worker: threading.Thread) -> None:
+    """End `worker` now: run by `close`, and by `weakref.finalize` at interpreter exit.
+
+    A daemon thread that wakes from its timed wait while the interpreter is being torn down is
+    killed inside native code, which aborts the process ("terminate called without an active
+    exception") and turns a clean exit into a crash.
+    """
+    if worker.is_alive() and worker is not threading.current_thread():
+        requests.put(None)
+        worker.join(timeout=2.0)
+
+
+@dataclass(eq=False)
+class BatchingPolicy:
+    """Wrap an `HFPolicy` so that concurrent calls are decoded together.
+
+    It shares the wrapped policy's handle (model, tokenizer and lock) and version, and streams
+    (which needs one sequence) through the wrapped policy alone. Its worker thread starts with
+    the first call, ends after `IDLE_EXIT_S` idle, on `close`, and at interpreter exit.
+
+    Attributes:
+        wrapped: the single-call policy whose model decodes the batches.
+        max_batch_size: the most requests decoded together.
+        max_wait_s: how long the first request of a batch waits for company.
+        min_shared_prefix: when a group of prompts shares at least this many leading tokens,
+            that prefix is read once and its KV cache shared by every row of the group.
+
+    """
+
+    wrapped: HFPolicy
+    max_batch_size: int = 16
+    max_wait_s: float = 0.05
+    min_shared_prefix: int = 32
+    _decoder: BatchDecoder = field(init=False, repr=False)
+    _queue: queue.Queue[Request | None] = field(init=False, repr=False)
+    _worker: threading.Thread | None = field(init=False, repr=False, default=None)
+    _stopper: weakref.finalize[Any, Any] | None = field(init=False, repr=False, default=None)
+    _start_lock: threading.Lock = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Check the settings.
+
+        Raises:
+            ValueError: a batch size below 1 or a negative wait.
+
+        """
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s}")
+        self._decoder = BatchDecoder(self.wrapped, self.min_shared_prefix)
+        self._queue = queue.Queue()  # None: stop
+        self._start_lock = threading.Lock()
+
+    @property
+    def handle(self) -> ModelHandle:
+        """The wrapped policy's model handle."""
+        return self.wrapped.handle
+
+    @property
+    def version(self) -> str:
+        """The wrapped policy's version, recorded in every transition."""
+        return self.wrapped.version
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        """Render `messages` with the chat template and return the prompt's token ids."""
+        return self.wrapped.encode_chat(messages)
+
+    def generate(
+        self, messages: Messages, sampling: Sampling, *, streamer: Any = None
+    ) -> Generation:
+        """Queue one call and block until its batch is decoded; streaming calls run alone."""
+        if streamer is not None:
+            return self.wrapped.generate(messages, sampling, streamer=streamer)
+        prompt_ids, notes = self.wrapped.fit_prompt(
+            self.encode_chat(messages), sampling.max_new_tokens
+        )
+        return self.submit(prompt_ids, sampling, notes).result()
+
+    def submit(
+        self, prompt_ids: list[int], sampling: Sampling, notes: Sequence[str] = ()
+    ) -> Future[Generation]:
+        """Queue a prompt given as token ids; its future resolves when it is decoded.
+
+        An unseeded sampled request draws its seed here, on the caller's thread, from torch's
+        global generator, so calls submitted in a fixed order sample repeatably.
+        """
+        request = Request(list(prompt_ids), sampling, list(notes))
+        self._queue.put(request)
+        self._ensure_worker()
+        return request.future
+
+    def close(self) -> None:
+        """Stop the worker now; requests being decoded fail. The next call starts a new one."""
+        with self._start_lock:
+            stopper = self._stopper
+        if stopper is not None:
+            stopper()
+
+    def _ensure_worker(self) -> None:
+        with self._start_lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = worker = threading.Thread(
+                    target=self._serve, name="flowlearn-batching", daemon=True
+                )
+                worker.start()
+                self._stopper = weakref.finalize(self, _stop_worker, self._queue, worker)
+
+    def _idle_exit(self) -> bool:
+        """End the worker unless a call was queued meanwhile (True: it ends)."""
+        with self._start_lock:
+            if not self._queue.empty():
+                return False
+            self._worker = None
+            if self._stopper is not None:
+                self._stopper.detach()
+                self._stopper = None
+            return True
+
+    def _serve(self) -> None:
+        """Decode until idle for `IDLE_EXIT_S` or stopped (the next call starts a new worker)."""
+        running: Running | None = None
+        while True:
+            arrived: list[Request] = []
+            try:
+                arrived = self._arrivals(running)
+            except queue.Empty:
+                if self._idle_exit():
+                    return
+                continue
+            except _Stop:
+                closed = RuntimeError("the batching policy was closed (or the interpreter exits)")
+                for request in running.rows if running else []:
+                    request.future.set_exception(closed)
+                running = None
+                if self._idle_exit():
+                    return
+                continue  # calls queued after the stop are served
+            try:
+                if arrived:
+                    running = self._decoder.admit(running, arrived)
+                if running is not None:
+                    running = self._decoder.step(running)
+            except Exception as exc:  # a step that fails for every row fails them all
+                for request in (running.rows if running else []) + arrived:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                running = None
+
+    def _arrivals(self, running: Running | None) -> list[Request]:
+        """Take the requests that join: wait for the first when idle, else only what's queued.
+
+        Raises:
+            queue.Empty: idle, and nothing came for `IDLE_EXIT_S`.
+            _Stop: the policy was closed.
+
+        """
+        room = self.max_batch_size - (len(running.rows) if running else 0)
+        arrived: list[Request] = []
+
+        def take(item: Request | None) -> None:
+            if item is None:
+                for request in arrived:
+                    request.future.set_exception(RuntimeError("the batching policy was closed"))
+                raise _Stop
+            arrived.append(item)
+
+        if running is None:
+            take(self._queue.get(timeout=IDLE_EXIT_S))
+            deadline = time.perf_counter() + self.max_wait_s
+            while len(arrived) < room:
+                try:
+                    take(self._queue.get(timeout=max(0.0, deadline - time.perf_counter())))
+                except queue.Empty:
+                    break
+            return arrived
+        while len(arrived) < room:
+            try:
+                take(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return arrived
