@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.evals.cases import Case
-from flowlearn.evals.files import JsonlFile
 from flowlearn.evals.runner import run_resumable
 from flowlearn.evals.scorers import CaseScorer, Score
+from flowlearn.nodes.files import JsonlFile
 
 
 @dataclass

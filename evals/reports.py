@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flowlearn.evals.files import write_atomically, write_text_atomically
 from flowlearn.evals.harness import CaseResult
+from flowlearn.nodes.files import write_atomically, write_text_atomically
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from flowlearn.evals.files import JsonlFile
 from flowlearn.flow_setup import UsageError, add_flow_options, build_cli_flow
+from flowlearn.nodes.files import JsonlFile
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig

@@ -5,7 +5,7 @@ killed while saving leaves a folder without that file, or with a torn one; resum
 would fail or, worse, load half-written weights. So a checkpoint counts only when its state
 file parses; an incomplete one is renamed `incomplete-checkpoint-N` (kept for inspection, out
 of transformers' way) and training resumes from the one before. Final models are swapped in
-whole by `flowlearn.evals.files.save_atomically`.
+whole by `flowlearn.nodes.files.save_atomically`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from flowlearn.evals.files import JsonlFile, write_atomically
+from flowlearn.nodes.files import JsonlFile, write_atomically
 from flowlearn.training.trajectory import Trajectory
 
 METRICS_FILE = "metrics.jsonl"

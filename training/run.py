@@ -10,9 +10,9 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
 from flowlearn.evals.cases import Case
-from flowlearn.evals.files import save_atomically
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.evals.tasks import load_cases_and_scorer
+from flowlearn.nodes.files import save_atomically
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.training.checkpoints import last_complete_checkpoint
 from flowlearn.training.collect import format_penalty

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from flowlearn.evals.files import JsonlFile, write_atomically
+from flowlearn.nodes.files import JsonlFile, write_atomically
 from flowlearn.training.trajectory import Trajectory
 
 # Nested fields go to Parquet as JSON text: memory records and transitions vary in shape, and

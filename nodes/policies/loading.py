@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from flowlearn.nodes.files import save_atomically
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SOURCES = ("default", "smollm2", "")
@@ -71,17 +71,13 @@ def default_model_dir(cache: str | os.PathLike[str] | None = None) -> Path:
     model: Any = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(quantized.state_dict())
     model.config.name_or_path = DEFAULT_MODEL_NAME
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+
+    def save(staging: Path) -> None:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        staging.rename(target)  # atomic: a crash never leaves a half-written model behind
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    # Atomic: a crash never leaves a half-written model; a concurrent converter's copy wins.
+    save_atomically(target, save, replace=False)
     return target
 
 

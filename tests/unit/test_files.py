@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from flowlearn.evals.files import JsonlFile, save_atomically, write_atomically
 from flowlearn.evals.harness import read_results
 from flowlearn.evals.runner import run_resumable
+from flowlearn.nodes.files import JsonlFile, save_atomically, write_atomically
 
 
 def test_a_torn_last_line_is_cut_before_the_next_append_and_restarts_stay_intact(
@@ -123,3 +124,26 @@ def test_runner_skips_done_ids_saves_each_result_and_leaves_failures_for_next_ti
     )
     assert fresh == {"2": 4, "4": 16}
     assert sorted(saved) == [4, 16]
+
+
+def test_a_concurrent_saver_keeps_the_folder_already_in_place(tmp_path: Path) -> None:
+    target = tmp_path / "model"
+
+    def write(text: str) -> Callable[[Path], None]:
+        return lambda staging: (staging.mkdir(), (staging / "config.json").write_text(text))
+
+    def first(staging: Path) -> None:
+        write("first")(staging)
+        save_atomically(target, write("other"), replace=False)
+
+    save_atomically(target, first, replace=False)  # the other saver finished first: it wins
+    assert (target / "config.json").read_text() == "other"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no staging left behind
+
+
+def test_staging_left_by_a_crash_is_cleared_by_the_next_save(tmp_path: Path) -> None:
+    target = tmp_path / "checkpoint-1"
+    crashed = tmp_path / ".checkpoint-1.partial-abc"
+    crashed.mkdir()
+    save_atomically(target, lambda s: (s.mkdir(), (s / "f").write_text("x")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]

@@ -153,26 +153,38 @@ def write_text_atomically(path: str | os.PathLike[str], text: str) -> Path:
     return write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def save_atomically(folder: Path, save: Callable[[Path], object]) -> Path:
-    """Call `save(staging)` then swap the staging folder in as `folder` (replacing an old one).
+def save_atomically(folder: Path, save: Callable[[Path], object], *, replace: bool = True) -> Path:
+    """Call `save(staging)` then swap the staging folder in as `folder`.
 
     A crash leaves either the old folder or the new one, never a mix; the staged files are
-    fsynced before the swap. If `save` raises, the old folder is left as it was.
+    fsynced before the swap. If `save` raises, the old folder is left as it was. Each call
+    stages in a fresh folder beside `folder`, so concurrent savers never mix files. With
+    `replace=False` an existing `folder` wins: a saver that finds one in place when it is done
+    (another process got there first) discards its own copy. With `replace=True` (one writer)
+    staging folders an earlier crash left behind are removed first.
     """
-    staging = folder.with_name(f".{folder.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    save(staging)
-    for file in staging.rglob("*"):
-        if file.is_file():
-            _fsync_path(file)
-    if folder.exists():
-        old = folder.with_name(f".{folder.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        folder.rename(old)
-        staging.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if replace:  # one writer: what an earlier crash left staged is garbage
+        for stale in folder.parent.glob(f".{folder.name}.partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    box = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    staging = box / folder.name  # `save` creates it, as `save_pretrained` does
+    try:
+        save(staging)
+        for file in staging.rglob("*"):
+            if file.is_file():
+                _fsync_path(file)
+        if folder.exists() and not replace:
+            return folder
+        if folder.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+            folder.rename(old / folder.name)
+            staging.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(folder)
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
     _fsync_path(folder.parent)
     return folder
 
