@@ -12,6 +12,8 @@ from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.scorers import SCORERS
 from flowlearn.flow_setup import UsageError, add_flow_options, context_from_args, spec_from_args
 from flowlearn.nodes.schema import token_faithful
+from flowlearn.training.collect import collect, format_penalty
+from flowlearn.training.store import TrajectoryStore
 
 
 def add_parser(commands: Any) -> None:
@@ -51,15 +53,12 @@ def add_parser(commands: Any) -> None:
 
 def collect_command(args: argparse.Namespace) -> int:
     """Collect and store."""
-    from flowlearn.training.collect import collect, format_penalty
-    from flowlearn.training.store import TrajectoryStore
-
     if args.group_size < 1:
         raise UsageError(f"--group-size must be >= 1, got {args.group_size}")
     if args.out.suffix != ".jsonl":
         raise UsageError(f"--out {args.out} must be a .jsonl file")
     spec = spec_from_args(args)
-    name, cases, scorer, _ = cases_and_scorer(args, spec.benchmarks_dir)
+    name, cases, scorer, _ = cases_and_scorer(args, spec)
     flow = build_flow(spec, context_from_args(args))
     extra = {"format_penalty": format_penalty(args.format_penalty)} if args.format_penalty else {}
     trajectories = collect(

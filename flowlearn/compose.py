@@ -22,6 +22,7 @@ from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.policies import (
     HFChatModel,
+    HFPolicy,
     ModelNotFoundError,
     Policy,
     ServerPolicy,
@@ -191,6 +192,23 @@ def build_flow(
     graph = build_agentflow(planner, models.engine, tools, checkpointer=checkpointer)
     names = sorted(context.tools or [tool.name for tool in tools])
     return Flow(graph, context, planner, models.engine, names)
+
+
+def load_chat_model(name: str, spec: FlowSpec, *, max_new_tokens: int = 256) -> HFChatModel:
+    """Load a local model as a chat model (an LLM judge, say), on the spec's device and cache.
+
+    Raises:
+        UsageError: a model that cannot be found, with how to fix it.
+
+    """
+    check_model_name(name)
+    try:
+        policy = HFPolicy.from_pretrained(
+            name, device=spec.device, dtype=spec.dtype, cache_dir=spec.cache_dir
+        )
+    except ModelNotFoundError as exc:
+        raise UsageError(str(exc)) from exc
+    return HFChatModel(policy=policy, max_new_tokens=max_new_tokens)
 
 
 def server_planner(spec: FlowSpec) -> Policy:

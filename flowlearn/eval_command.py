@@ -7,11 +7,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from langchain_core.language_models import BaseChatModel
-
-from flowlearn.compose import build_flow
+from flowlearn.compose import FlowSpec, build_flow, load_chat_model
 from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
 from flowlearn.evals.cases import Case
+from flowlearn.evals.harness import run_eval
+from flowlearn.evals.reports import write_reports
 from flowlearn.evals.scorers import SCORERS, CaseScorer
 from flowlearn.evals.tasks import load_cases_and_scorer
 from flowlearn.flow_setup import UsageError, add_flow_options, context_from_args, spec_from_args
@@ -40,13 +40,10 @@ def add_parser(commands: Any) -> None:
 
 def eval_command(args: argparse.Namespace) -> int:
     """Evaluate and report."""
-    from flowlearn.evals.harness import run_eval
-    from flowlearn.evals.reports import write_reports
-
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
     spec = spec_from_args(args)
-    name, cases, scorer, bench = cases_and_scorer(args, spec.benchmarks_dir)
+    name, cases, scorer, bench = cases_and_scorer(args, spec)
     flow = build_flow(spec, context_from_args(args))
     out = args.out or Path("runs") / f"eval-{name}"
     results = run_eval(
@@ -74,7 +71,7 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def cases_and_scorer(
-    args: argparse.Namespace, data_dir: str | None = None
+    args: argparse.Namespace, spec: FlowSpec
 ) -> tuple[str, list[Case], CaseScorer, Benchmark | None]:
     """Resolve --benchmark/--data, --limit, --scorer and --judge into cases and a scorer.
 
@@ -87,16 +84,9 @@ def cases_and_scorer(
             data=args.data,
             scorer=args.scorer,
             limit=args.limit,
-            judge=partial(_judge_model, judge, args.device) if judge else None,
-            data_dir=data_dir,
+            judge=partial(load_chat_model, judge, spec) if judge else None,
+            data_dir=spec.benchmarks_dir,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     return args.benchmark or args.data.stem, cases, scorer, BENCHMARKS.get(args.benchmark)
-
-
-def _judge_model(model: str, device: str | None) -> BaseChatModel:
-    from flowlearn.nodes.policies.hf import HFPolicy
-    from flowlearn.nodes.policies.hf_chat import HFChatModel
-
-    return HFChatModel(policy=HFPolicy.from_pretrained(model, device=device), max_new_tokens=256)

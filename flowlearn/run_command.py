@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from flowlearn.flow_setup import UsageError, add_flow_options, build_cli_flow
 from flowlearn.nodes.files import JsonlFile
+from flowlearn.nodes.policies import ServerPolicy
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -73,8 +74,6 @@ def run_command(args: argparse.Namespace) -> int:
 
 def answer(args: argparse.Namespace, flow: Any, saver: Any, config: Any) -> int:
     """Stream the run (new, or resumed from its checkpoint) and print the answer."""
-    from flowlearn.nodes.policies.server import ServerPolicy
-
     planner = str(getattr(flow.planner, "version", type(flow.planner).__name__))
     if isinstance(flow.planner, ServerPolicy):  # say where its prompts are rendered
         where = "here" if flow.planner.tokenizer is not None else "by the server"
