@@ -17,9 +17,10 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph.state import CompiledStateGraph
 
 from flowlearn.evals.benchmarks import BENCHMARKS
-from flowlearn.graphs import Context, build_agentflow
+from flowlearn.graphs import Context, InputState, State, build_agentflow
 from flowlearn.nodes.policies import (
     HFChatModel,
     HFPolicy,
@@ -151,8 +152,7 @@ def build_tools(spec: FlowSpec, engine: BaseChatModel) -> list[BaseTool]:
 class Flow:
     """A compiled graph with what it was built from."""
 
-    graph: Any
-    """The compiled LangGraph graph (`CompiledStateGraph[State, Context, InputState, State]`)."""
+    graph: CompiledStateGraph[State, Context, InputState, State]
     context: Context
     planner: Policy
     engine: HFChatModel

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from flowlearn.flow_setup import UsageError, add_flow_options, build_cli_flow
+from flowlearn.flow_setup import Flow, UsageError, add_flow_options, build_cli_flow
+from flowlearn.graphs import InputState
 from flowlearn.nodes.files import JsonlFile
 from flowlearn.nodes.policies import ServerPolicy
 
@@ -72,7 +73,7 @@ def run_command(args: argparse.Namespace) -> int:
         return answer(args, build_cli_flow(args, checkpointer=saver), saver, config)
 
 
-def answer(args: argparse.Namespace, flow: Any, saver: Any, config: Any) -> int:
+def answer(args: argparse.Namespace, flow: Flow, saver: Any, config: RunnableConfig | None) -> int:
     """Stream the run (new, or resumed from its checkpoint) and print the answer."""
     planner = str(getattr(flow.planner, "version", type(flow.planner).__name__))
     if isinstance(flow.planner, ServerPolicy):  # say where its prompts are rendered
@@ -84,8 +85,8 @@ def answer(args: argparse.Namespace, flow: Any, saver: Any, config: Any) -> int:
     )
     state: dict[str, Any] = {"question": args.question}
     start = time.perf_counter()
-    inputs = None if args.resume else {"question": args.question}
-    if args.resume:
+    inputs: InputState | None = None if args.resume else {"question": args.question}
+    if args.resume and config is not None:
         turn = flow.graph.get_state(config).values.get("turn", 0)
         print(f"resuming thread {args.thread} after turn {turn}")
     stream = flow.graph.stream(

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import asyncio
 from functools import lru_cache
-from typing import Any
+
+from langgraph.graph.state import CompiledStateGraph
 
 from flowlearn.compose import FlowSpec, build_flow
+from flowlearn.graphs import Context, InputState, State
+
+Graph = CompiledStateGraph[State, Context, InputState, State]
 
 
 @lru_cache(maxsize=1)
-def build_graph_from_env() -> Any:
+def build_graph_from_env() -> Graph:
     """Build the AgentFlow graph on the parts the environment names (cached per process)."""
     return build_flow(FlowSpec.from_env()).graph
 
 
-async def make_graph() -> Any:
+async def make_graph() -> Graph:
     """Return the graph; loading happens in a worker thread, never on the server's event loop."""
     return await asyncio.to_thread(build_graph_from_env)
