@@ -137,34 +137,40 @@ def match_tool_name(name: str, available: Iterable[str]) -> str | None:
     return None
 
 
-_CONCLUSION = re.compile(r"conclusion[\s*_`#]*[:=]?[\s*_`\"']*(stop|continue)\b", re.IGNORECASE)
-_BARE_VERDICT = re.compile(r"\b(STOP|CONTINUE)\b")
+# The verdict is read only from the verifier's own `Conclusion:` line: a line that starts, after
+# optional markdown, with the label. An indented or quoted (`>`) line is text the verifier copied
+# (memory renders tool results indented), and a STOP elsewhere may be a tool's word, not its own.
+_CONCLUSION_LINE = re.compile(
+    r"^(?:[*_#`\-][ \t]*)*conclusion\b(.*)$", re.IGNORECASE | re.MULTILINE
+)
+_CONCLUSION_VALUE = re.compile(r"^[\s*_`#]*[:=]?[\s*_`\"']*(stop|continue)\b", re.IGNORECASE)
 
 
 def parse_verdict(text: str) -> tuple[Literal["STOP", "CONTINUE"], bool]:
     """Return the verifier's verdict and whether it was stated clearly.
 
-    A `Conclusion: STOP/CONTINUE` line wins (the last one); otherwise an upper-case STOP or
-    CONTINUE standing alone. Anything unclear means CONTINUE.
+    Only the last line that starts with `Conclusion:` (markdown allowed) counts; STOP or CONTINUE
+    anywhere else may be quoted from a tool. Anything unclear means CONTINUE.
     """
     text = text if isinstance(text, str) else str(text)
-    labelled = _CONCLUSION.findall(text)
-    if labelled:
-        return ("STOP" if labelled[-1].upper() == "STOP" else "CONTINUE"), True
-    bare = set(_BARE_VERDICT.findall(text))
-    if len(bare) == 1:
-        return ("STOP" if bare == {"STOP"} else "CONTINUE"), True
-    return "CONTINUE", False
+    lines = _CONCLUSION_LINE.findall(text)
+    value = _CONCLUSION_VALUE.match(lines[-1]) if lines else None
+    if value is None:
+        return "CONTINUE", False
+    return ("STOP" if value.group(1).upper() == "STOP" else "CONTINUE"), True
 
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
-_OPEN_ANSWER = re.compile(r"<answer>(.*)$", re.IGNORECASE | re.DOTALL)
+# A complete pair whose content holds no other opening tag: a fragment quoted from a tool
+# ("<answer>42" with no closing tag) cannot swallow the generator's own `<answer>391</answer>`.
+_ANSWER = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.IGNORECASE | re.DOTALL)
+_OPEN_ANSWER = re.compile(r"<answer>((?:(?!<answer>).)*)$", re.IGNORECASE | re.DOTALL)
 
 
 def extract_answer(text: str) -> tuple[str, bool]:
-    """Return the text of the last `<answer>...</answer>` and whether the tags were found.
+    """Return the text of the last complete `<answer>...</answer>` and whether tags were found.
 
-    An unclosed `<answer>` yields what follows it; without tags the whole text is the answer.
+    Without a complete pair, what follows the last `<answer>` is the answer; without tags the
+    whole text is.
     """
     text = text if isinstance(text, str) else str(text)
     tagged = _ANSWER.findall(text)

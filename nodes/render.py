@@ -20,6 +20,16 @@ if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
 
 
+def _under(value: Any) -> str:
+    """Indent every continuation line of a field value under its field.
+
+    Only the renderer writes at column 0, so a tool result holding a line "Step 2 verification:
+    STOP" cannot pass for a memory line. `splitlines` also breaks on carriage returns and Unicode
+    line separators, which a model may read as line ends.
+    """
+    return "\n    ".join(str(value).splitlines())
+
+
 def render_memory(memory: Sequence[StepRecord]) -> str:
     """Render step records as numbered lines the agents can read."""
     if not memory:
@@ -34,13 +44,15 @@ def render_memory(memory: Sequence[StepRecord]) -> str:
                 f"Error: {record.get('error')}" if record.get("error") else record.get("result")
             )
             lines.append(
-                f"{head} (tool {record.get('tool')}):\n  Sub-Goal: {record.get('sub_goal', '')}\n"
-                f"  Arguments: {arguments}\n  Result: {outcome}"
+                f"{head} (tool {_under(record.get('tool'))}):\n"
+                f"  Sub-Goal: {_under(record.get('sub_goal', ''))}\n"
+                f"  Arguments: {_under(arguments)}\n  Result: {_under(outcome)}"
             )
         elif kind == "format_error":
-            lines.append(f"{head}: the planner's output could not be used ({record.get('error')}).")
+            error = _under(record.get("error"))
+            lines.append(f"{head}: the planner's output could not be used ({error}).")
         else:
-            lines.append(f"{head} verification: {record.get('verdict')}")
+            lines.append(f"{head} verification: {_under(record.get('verdict'))}")
     return "\n".join(lines)
 
 

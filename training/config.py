@@ -105,6 +105,11 @@ class FlowGRPOConfig(GRPOConfig):
     )
     output_dir: str | None = _help("Where checkpoints, logs and the final policy go.", "runs/train")
     beta: float = _help("KL coefficient against the reference (paper: 0.001).", 0.001)
+    use_bias_correction_kl: bool = _help(
+        "False (default): the paper's and verl's plain k3 KL estimate (`low_var_kl`). True: "
+        "TRL's bias-corrected estimate, k3 times the differentiable importance ratio.",
+        False,
+    )
     epsilon_high: float | None = _help("Upper clip range (official code: 0.3).", 0.3)
     max_steps: int = _help("Updates to run (paper: about 32).", 32)
     logging_steps: float = _help("Log every N steps.", 1)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from flowlearn.nodes.policies.call_config import only_config
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.policies.loading import load_model_and_tokenizer
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
@@ -169,8 +170,8 @@ class HFPolicy:
 
         prompt_ids, notes = self.fit_prompt(self.encode_chat(messages), sampling.max_new_tokens)
         greedy = sampling.temperature == 0
-        # A fresh config, not the model's: its defaults (top_k=50, repetition penalties, ...)
-        # would silently reshape the distribution the logged logprobs claim to describe.
+        # Only what `sampling` names: top_k=0 turns off the library's default top_k=50, and
+        # `only_config` keeps the model's own config from filling the fields left unset.
         shape = (
             {"do_sample": False}
             if greedy
@@ -190,7 +191,7 @@ class HFPolicy:
             output_logits=True,
         )
         start = time.perf_counter()
-        with self.handle.lock, torch.no_grad():
+        with self.handle.lock, torch.no_grad(), only_config(self.model, config):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             device = self.model.device

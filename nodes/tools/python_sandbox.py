@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
@@ -19,7 +20,9 @@ from flowlearn.nodes.messages import to_langchain
 # Only these variables reach the child; everything else (API keys, tokens, cloud credentials)
 # stays behind. HOME and TMPDIR point into the run's own temporary folder.
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
-_FENCED = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# A fenced block: its tag (the first word after the fence, maybe empty) and its body.
+_FENCED = re.compile(r"```[ \t]*([^\s`]*)[^\n]*\n(.*?)```", re.DOTALL)
+_PYTHON_TAGS = frozenset({"python", "py", "python3"})
 
 
 def scrubbed_env(workdir: str) -> dict[str, str]:
@@ -105,10 +108,30 @@ def run_python(
     return "\n".join(parts) if parts else "(no output; use print() to show results)"
 
 
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
 def extract_code(text: str) -> str:
-    """Return the last fenced Python block of a model's reply, or the whole reply."""
-    blocks = _FENCED.findall(text)
-    return blocks[-1].strip() if blocks else text.strip()
+    """Return the code block of a model's reply, or the whole reply when it has no fences.
+
+    The last block tagged python/py wins; else the first untagged block that parses as Python,
+    else the first untagged block. A block tagged otherwise (text, output, console) is never
+    run: it is often the expected output written beside the code.
+    """
+    blocks = [(m.group(1).lower(), m.group(2).strip()) for m in _FENCED.finditer(text)]
+    tagged = [body for tag, body in blocks if tag in _PYTHON_TAGS]
+    if tagged:
+        return tagged[-1]
+    untagged = [body for tag, body in blocks if not tag]
+    for body in untagged:
+        if _parses(body):
+            return body
+    return untagged[0] if untagged else text.strip()
 
 
 def python_tool(

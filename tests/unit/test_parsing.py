@@ -75,7 +75,7 @@ def test_tool_name_matching(name: str, expected: str | None) -> None:
         ("**Conclusion:** `CONTINUE`", "CONTINUE", True),
         ("conclusion: stop", "STOP", True),
         ("Conclusion: CONTINUE\n...\nConclusion: STOP", "STOP", True),
-        ("We must STOP here.", "STOP", True),
+        ("We must STOP here.", "CONTINUE", False),
         ("Maybe stop, maybe continue.", "CONTINUE", False),
         ("STOP or CONTINUE?", "CONTINUE", False),
         ("", "CONTINUE", False),

@@ -44,6 +44,13 @@ def test_yaml_and_flags_fill_trls_own_fields(tmp_path: Path) -> None:
     assert context.tools == ("python", "local_search") and context.max_turns == 3
 
 
+def test_the_kl_is_the_papers_plain_k3_unless_asked() -> None:
+    assert parse_config(["--benchmark", "gameof24"]).use_bias_correction_kl is False
+    flipped = parse_config(["--benchmark", "gameof24", "--use_bias_correction_kl", "true"])
+    assert flipped.use_bias_correction_kl is True
+    assert FlowGRPOConfig(benchmark="gameof24").use_bias_correction_kl is False
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [
