@@ -70,19 +70,40 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     """Read records from a .json (list), .jsonl or .parquet file."""
     suffix = path.suffix.lower()
     if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not an error
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
         if not isinstance(data, list):
             raise ValueError(f"{path} must hold a JSON list of records")
         return data
     if suffix == ".jsonl":
-        lines = path.read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        return _jsonl_records(path)
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
         records: list[dict[str, Any]] = pq.read_table(path).to_pylist()
         return records
     raise ValueError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+
+
+def _jsonl_records(path: Path) -> list[dict[str, Any]]:
+    records = []
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(record, dict):
+            raise ValueError(
+                f"{path}:{number}: expected a JSON object, got {type(record).__name__}"
+            )
+        records.append(record)
+    return records
 
 
 def load_cases(source: str | Path, *, split: str = "test", limit: int | None = None) -> list[Case]:

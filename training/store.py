@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,20 @@ class TrajectoryStore:
         self.path = self._file.path
 
     def append(self, trajectory: Trajectory) -> None:
-        """Write one trajectory and fsync it."""
+        """Write one trajectory and fsync it.
+
+        Raises:
+            ValueError: a NaN or infinite reward (or reward term): it would turn every
+                advantage of its group into NaN, so it is refused before anything is written.
+
+        """
+        rewards = {"reward": trajectory.reward, **trajectory.reward_terms}
+        bad = {name: value for name, value in rewards.items() if not math.isfinite(value)}
+        if bad:
+            raise ValueError(
+                f"trajectory {trajectory.trajectory_id!r} has non-finite rewards {bad}; "
+                "make the scorer return a number in [0, 1] (or raise, to mark it)"
+            )
         self._file.append_line(trajectory.to_json())
 
     def __iter__(self) -> Iterator[Trajectory]:
@@ -41,6 +56,7 @@ class TrajectoryStore:
         """
         torn: list[int] = []
         read = 0
+        seen: set[str] = set()
         for number, data in self._file.read(skipped=torn):
             try:
                 trajectory = Trajectory.from_dict(data)
@@ -50,6 +66,14 @@ class TrajectoryStore:
                     "give a file written by `flowlearn collect` or `TrajectoryStore`"
                 ) from exc
             read += 1
+            if trajectory.trajectory_id in seen:  # a duplicated line would shift the advantages
+                warnings.warn(
+                    f"{self.path}:{number}: trajectory {trajectory.trajectory_id!r} appears "
+                    "again; the first copy is kept",
+                    stacklevel=2,
+                )
+                continue
+            seen.add(trajectory.trajectory_id)
             yield trajectory
         if torn and not read:
             raise ValueError(

@@ -69,15 +69,15 @@ class BM25Index:
 def read_corpus(path: Path) -> list[Passage]:
     """Read `{"id", "title", "text"}` lines; a bad line is an error naming its line number."""
     passages = []
-    with path.open(encoding="utf-8") as handle:
+    with path.open(encoding="utf-8-sig") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-                passages.append(
-                    Passage(str(row["id"]), str(row.get("title", "")), str(row["text"]))
-                )
+                if not isinstance(row["text"], str):
+                    raise TypeError(f"'text' must be a string, got {row['text']!r}")
+                passages.append(Passage(str(row["id"]), str(row.get("title") or ""), row["text"]))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(
                     f"{path}:{number}: expected a JSON object with 'id' and 'text' "

@@ -1,0 +1,70 @@
+"""Files a user (or a crash, or a bad scorer) can hand us: refused or repaired, never misread."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from flowlearn.evals.cases import load_cases
+from flowlearn.nodes.tools.local_search import local_search_tool
+from flowlearn.training import Trajectory, TrajectoryStore
+
+
+def trajectory(tid: str, reward: float, **terms: float) -> Trajectory:
+    return Trajectory(tid, "g", "q", "r", "a", "a", reward, reward_terms=dict(terms))
+
+
+@pytest.mark.parametrize(
+    ("reward", "terms"), [(math.nan, {}), (math.inf, {}), (1.0, {"format_penalty": -math.inf})]
+)
+def test_non_finite_rewards_are_refused_before_anything_is_written(
+    tmp_path: Path, reward: float, terms: dict[str, float]
+) -> None:
+    store = TrajectoryStore(tmp_path / "t.jsonl")
+    store.append(trajectory("ok", 1.0))
+    with pytest.raises(ValueError, match="'bad' has non-finite rewards"):
+        store.append(trajectory("bad", reward, **terms))
+    assert [t.trajectory_id for t in store.load()] == ["ok"]
+
+
+def test_a_duplicated_trajectory_line_is_read_once_with_a_warning(tmp_path: Path) -> None:
+    store = TrajectoryStore(tmp_path / "t.jsonl")
+    for t in (trajectory("a", 1.0), trajectory("b", 0.0)):
+        store.append(t)
+    lines = store.path.read_text().splitlines()
+    store.path.write_text("\n".join([*lines, lines[0]]) + "\n")  # a line pasted twice
+    with pytest.warns(UserWarning, match=r"t.jsonl:3: trajectory 'a' appears again"):
+        assert [t.trajectory_id for t in store.load()] == ["a", "b"]
+
+
+def test_case_files_accept_a_byte_order_mark(tmp_path: Path) -> None:
+    records = [{"id": "1", "query": "1 + 1?", "reference": "2"}]
+    jsonl, listed = tmp_path / "c.jsonl", tmp_path / "c.json"
+    jsonl.write_bytes(b"\xef\xbb\xbf" + json.dumps(records[0]).encode() + b"\n")
+    listed.write_bytes(b"\xef\xbb\xbf" + json.dumps(records).encode())
+    assert [c.id for c in load_cases(jsonl)] == [c.id for c in load_cases(listed)] == ["1"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        ("c.jsonl", '{"id": "1", "query": "q", "reference": "r"}\n{"id": 2,\n', "c.jsonl:2"),
+        ("c.jsonl", '{"id": "1", "query": "q", "reference": "r"}\n[1, 2]\n', "c.jsonl:2"),
+        ("c.json", '[\n{"id": "1", "query": "q"},\n{"id": }\n]', "c.json:3"),
+    ],
+)
+def test_a_bad_case_file_names_its_line(tmp_path: Path, name: str, text: str, where: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=where):
+        load_cases(path)
+
+
+def test_a_null_corpus_text_is_an_error_naming_its_line(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "text": "Paris is in France."}\n{"id": "b", "text": null}\n')
+    with pytest.raises(ValueError, match=r"corpus.jsonl:2: .*'text' must be a string, got None"):
+        local_search_tool(corpus)
