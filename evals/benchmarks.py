@@ -89,8 +89,8 @@ def load_benchmark(
         if local is None:
             return load_hub_benchmark(bench.hub_id, limit=limit)
         return adapt_records(bench.hub_id, read_records(local), limit=limit)
-    if path is not None:
-        return load_cases(path, limit=limit)
+    if path is not None:  # a copy of the published set: its repeated ids are suffixed too
+        return load_cases(path, limit=limit, suffix_duplicates=True)
     source = benchmarks_dir(data_dir) / str(
         bench.file
     )  # every benchmark not on the hub ships a file
@@ -99,7 +99,7 @@ def load_benchmark(
             f"{source} not found; set {DATA_ENV} (or pass data_dir) to the folder holding "
             f"{bench.file}, or pass a path"
         )
-    return load_cases(source, limit=limit)
+    return load_cases(source, limit=limit, suffix_duplicates=True)
 
 
 def score_case(scorer: str, prediction: str, case: Case) -> Score:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowlearn.nodes.secrets import error_text
+
 ANSWER_INSTRUCTION = (
     "When ready, output the final answer enclosed in <answer> and </answer> tags. "
     "Do not generate any content after the </answer> tag."
@@ -43,8 +45,13 @@ def _literal(value: Any) -> Any:
     return value
 
 
-def row_to_case(row: dict[str, Any], index: int) -> Case:
+def row_to_case(row: dict[str, Any], index: int, where: str | None = None) -> Case:
     """Turn one record into a Case; `query`/`question` and `answer`/`reference` are accepted.
+
+    Args:
+        row: the record.
+        index: its position in the source; the id of a record without one.
+        where: where it was read (`file:line`), to name in messages.
 
     Raises:
         ValueError: a record without a query or an answer, naming the record.
@@ -54,8 +61,8 @@ def row_to_case(row: dict[str, Any], index: int) -> Case:
     reference = next((row[k] for k in ("answer", "reference", "Answer") if k in row), None)
     if not isinstance(query, str) or reference is None:
         raise ValueError(
-            f"record {index} needs a text 'query' (or 'question') and an 'answer'; "
-            f"it has keys {sorted(row)}"
+            f"{f'{where}: ' if where else ''}record {index} needs a text 'query' (or "
+            f"'question') and an 'answer'; it has keys {sorted(row)}"
         )
     case_id = str(row.get("pid", row.get("id", row.get("idx", index))))
     metadata = {
@@ -66,31 +73,78 @@ def row_to_case(row: dict[str, Any], index: int) -> Case:
     return Case(case_id, with_answer_instruction(query), _literal(reference), metadata)
 
 
+Located = list[tuple[str, dict[str, Any]]]
+"""Records, each with where it was read: `file:line` (JSON, JSONL) or `file row N` (Parquet)."""
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     """Read records from a .json (list), .jsonl or .parquet file."""
+    return [record for _, record in read_located_records(path)]
+
+
+def read_located_records(path: Path) -> Located:
+    """Read records from a .json (list), .jsonl or .parquet file, each with its location.
+
+    Raises:
+        ValueError: invalid JSON or a record that is not an object, naming file and line; an
+            unsupported file type.
+
+    """
     suffix = path.suffix.lower()
     if suffix == ".json":
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not an error
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(data, list):
-            raise ValueError(f"{path} must hold a JSON list of records")
-        return data
+        return _json_records(path)
     if suffix == ".jsonl":
         return _jsonl_records(path)
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        records: list[dict[str, Any]] = pq.read_table(path).to_pylist()
-        return records
+        rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+        return [(f"{path} row {number}", row) for number, row in enumerate(rows, 1)]
     raise ValueError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
 
 
-def _jsonl_records(path: Path) -> list[dict[str, Any]]:
+def _json_records(path: Path) -> Located:
+    text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not an error
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(data, list):
+        raise ValueError(f"{path} must hold a JSON list of records")
+    located = list(zip((f"{path}:{n}" for n in _element_lines(text)), data, strict=True))
+    for where, record in located:
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return located
+
+
+def _element_lines(text: str) -> list[int]:
+    """Return the line on which each element of a JSON list starts (`text` is known to parse)."""
+    decoder = json.JSONDecoder()
+    lines: list[int] = []
+    line, seen = 1, 0
+    index = _skip_space(text, text.index("[") + 1)
+    while text[index] != "]":
+        line += text.count("\n", seen, index)
+        lines.append(line)
+        seen = index
+        _, index = decoder.raw_decode(text, index)
+        index = _skip_space(text, index)
+        if text[index] == ",":
+            index = _skip_space(text, index + 1)
+    return lines
+
+
+def _skip_space(text: str, index: int) -> int:
+    while text[index] in " \t\n\r":
+        index += 1
+    return index
+
+
+def _jsonl_records(path: Path) -> Located:
     records = []
-    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    # Lines end at "\n" only: str.splitlines would also split inside a JSON string at U+2028.
+    lines = path.read_text(encoding="utf-8-sig").split("\n")
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -102,28 +156,78 @@ def _jsonl_records(path: Path) -> list[dict[str, Any]]:
             raise ValueError(
                 f"{path}:{number}: expected a JSON object, got {type(record).__name__}"
             )
-        records.append(record)
+        records.append((f"{path}:{number}", record))
     return records
 
 
-def load_cases(source: str | Path, *, split: str = "test", limit: int | None = None) -> list[Case]:
+def load_cases(
+    source: str | Path,
+    *,
+    split: str = "test",
+    limit: int | None = None,
+    suffix_duplicates: bool = False,
+) -> list[Case]:
     """Load cases from a local file or, when no such file exists, a Hugging Face dataset id.
+
+    Args:
+        source: a .json/.jsonl/.parquet file, or a dataset id on the hub.
+        split: the hub dataset's split.
+        limit: keep only the first N cases.
+        suffix_duplicates: give a repeated id a suffix (`unique_ids`) instead of refusing it;
+            for published sets whose ids are not the user's to fix (the registered benchmarks).
 
     Raises:
         FileNotFoundError: neither a file nor a loadable dataset id, with what to do.
+        ValueError: a bad record or, unless `suffix_duplicates`, a repeated id, with file:line.
 
     """
     path = Path(source).expanduser()
-    records = read_records(path) if path.is_file() else _hub_records(str(source), split)
-    cases = unique_ids([row_to_case(row, i) for i, row in enumerate(records)])
+    if path.is_file():
+        located = read_located_records(path)
+    else:
+        located = [
+            (f"{source} record {i}", r) for i, r in enumerate(_hub_records(str(source), split))
+        ]
+    cases = [row_to_case(row, i, where) for i, (where, row) in enumerate(located)]
+    if suffix_duplicates:
+        cases = unique_ids(cases)
+    else:
+        refuse_duplicate_ids(cases, [where for where, _ in located])
     return cases[:limit] if limit is not None else cases
+
+
+def refuse_duplicate_ids(cases: list[Case], where: list[str]) -> None:
+    """Raise when two cases share an id, naming where both were read.
+
+    Results files and rollout groups are keyed by case id: a repeated id would make resuming
+    skip a case, or pool two questions into one group.
+
+    Raises:
+        ValueError: the first repeated id, with both locations and how many others repeat.
+
+    """
+    first: dict[str, str] = {}
+    repeats: list[tuple[str, str, str]] = []
+    for case, location in zip(cases, where, strict=True):
+        if case.id in first:
+            repeats.append((case.id, first[case.id], location))
+        else:
+            first[case.id] = location
+    if repeats:
+        case_id, earlier, later = repeats[0]
+        more = f" ({len(repeats) - 1} more repeated ids)" if len(repeats) > 1 else ""
+        raise ValueError(
+            f"{later}: case id {case_id!r} is already used at {earlier}{more}; give every case "
+            "its own id (results and rollout groups are keyed by it)"
+        )
 
 
 def unique_ids(cases: list[Case]) -> list[Case]:
     """Give repeated ids a `-<position>` suffix, deterministically, keeping the original id.
 
     Some published files reuse ids for different questions (MedQA's `pid` repeats); results
-    files and rollout groups are keyed by id, so ids must be unique.
+    files and rollout groups are keyed by id, so ids must be unique. Only the registered
+    benchmarks are loaded this way; a user's own case file with a repeated id is refused.
     """
     seen: set[str] = set()
     out = []
@@ -149,6 +253,6 @@ def _hub_records(name: str, split: str) -> list[dict[str, Any]]:
     except Exception as exc:
         raise FileNotFoundError(
             f"{name!r} is not a file and could not be loaded as a Hugging Face dataset "
-            f"({type(exc).__name__}: {exc}); gated sets (GAIA, GPQA) need access and a login, "
+            f"({error_text(exc)}); gated sets (GAIA, GPQA) need access and a login, "
             "or point --data at a local copy"
         ) from exc

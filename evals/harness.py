@@ -12,6 +12,7 @@ from flowlearn.evals.cases import Case
 from flowlearn.evals.runner import run_resumable
 from flowlearn.evals.scorers import CaseScorer, Score
 from flowlearn.nodes.files import JsonlFile
+from flowlearn.nodes.secrets import error_text
 
 
 @dataclass
@@ -115,7 +116,10 @@ def run_eval(
 
 
 def run_case(graph: Any, case: Case, scorer: CaseScorer, context: Any = None) -> CaseResult:
-    """Run one case through the graph and score it; a failed run is a result with its error."""
+    """Run one case through the graph and score it; a failed run is a result with its error.
+
+    The error is recorded with known secrets redacted (`flowlearn.nodes.secrets`).
+    """
     start = time.perf_counter()
     try:
         state = graph.invoke({"question": case.query}, context=context)
@@ -131,5 +135,5 @@ def run_case(graph: Any, case: Case, scorer: CaseScorer, context: Any = None) ->
             reason="run failed",
             turns=0,
             seconds=round(time.perf_counter() - start, 3),
-            error=f"{type(exc).__name__}: {exc}",
+            error=error_text(exc),  # a server's 401 may echo its token: never stored
         )

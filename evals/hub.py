@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowlearn.evals.cases import Case, unique_ids, with_answer_instruction
+from flowlearn.nodes.secrets import error_text
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def load_hub_benchmark(hub_id: str, *, limit: int | None = None) -> list[Case]:
     except Exception as exc:
         raise FileNotFoundError(
             f"could not load {hub_id} ({hub.config}, {hub.split}) from the Hugging Face hub "
-            f"({type(exc).__name__}: {exc}); it is gated: accept its terms on the hub and "
+            f"({error_text(exc)}); it is gated: accept its terms on the hub and "
             "`huggingface-cli login`, or save its records as NAME.jsonl (gaia.jsonl, gpqa.jsonl) "
             "in the folder named by $FLOWLEARN_BENCHMARKS"
         ) from exc

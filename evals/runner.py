@@ -7,6 +7,8 @@ from collections.abc import Callable, Container, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TypeVar
 
+from flowlearn.nodes.secrets import error_text
+
 logger = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
@@ -70,7 +72,7 @@ def run_resumable(
                 fresh[key] = future.result()
             except Exception as exc:  # a crashed item is retried by the next run
                 failed.append(key)
-                logger.warning("%s: %s failed: %s: %s", label, key, type(exc).__name__, exc)
+                logger.warning("%s: %s failed: %s", label, key, error_text(exc))
                 continue
             bar.update(1)
     if failed:

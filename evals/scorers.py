@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowlearn.evals.arithmetic import ExpressionError, evaluate, numbers_used, parse_expression
 from flowlearn.evals.cases import Case, _literal
+from flowlearn.nodes.secrets import error_text
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -187,7 +188,7 @@ def llm_judge(
     """Ask a chat model whether the prediction matches the reference (the paper's judge).
 
     Uses structured output (`analysis`, `true_false`); a judge failure scores 0 with the
-    error as the reason, so one bad call never stops an eval.
+    error (known secrets redacted) as the reason, so one bad call never stops an eval.
     """
     from pydantic import BaseModel, Field
 
@@ -200,7 +201,7 @@ def llm_judge(
     try:
         verdict: Any = judge.with_structured_output(Judgement).invoke(prompt)
     except Exception as exc:
-        return Score(0.0, f"judge failed: {type(exc).__name__}: {exc}")
+        return Score(0.0, f"judge failed: {error_text(exc)}")  # a 401 may echo the judge's key
     if not isinstance(verdict, Judgement):
         return Score(0.0, "judge gave no verdict")
     return Score(1.0 if verdict.true_false else 0.0, verdict.analysis)

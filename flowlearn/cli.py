@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from flowlearn import collect_command, eval_command, run_command, train_command
 from flowlearn.flow_setup import UsageError
+from flowlearn.nodes.secrets import redact
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,5 +36,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except UsageError as exc:
-        print(f"flowlearn {args.command}: error: {exc}", file=sys.stderr)
+        print(f"flowlearn {args.command}: error: {redact(str(exc))}", file=sys.stderr)
         return 2

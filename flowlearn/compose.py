@@ -29,7 +29,8 @@ from flowlearn.nodes.policies import (
     ServerPolicy,
     load_local_models,
 )
-from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, default_tools
+from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, Isolation, default_tools
+from flowlearn.nodes.tools.python_sandbox import ISOLATIONS
 from flowlearn.nodes.tools.web_search import KEY_ENV as TAVILY_KEY_ENV
 
 ENV = {
@@ -40,8 +41,12 @@ ENV = {
     "cache_dir": "FLOWLEARN_CACHE",
     "benchmarks_dir": "FLOWLEARN_BENCHMARKS",
     "wikipedia_endpoint": "FLOWLEARN_WIKIPEDIA_URL",
+    "python_isolation": "FLOWLEARN_PYTHON_ISOLATION",
 }
 """Each `FlowSpec` field a variable may set, and its name; a given value always wins."""
+STUDIO_PYTHON_ENV = "FLOWLEARN_STUDIO_PYTHON"
+"""Set to 1 to bind the `python` tool in the Studio graph (`FlowSpec.for_studio`); off if unset."""
+_TRUE = {"1", "true", "yes"}
 
 
 class UsageError(ValueError):
@@ -65,11 +70,16 @@ class FlowSpec:
     """JSONL corpus for `local_search`; None: the bundled world facts."""
     web: bool = False
     """Bind `wikipedia_search` and `web_search` too."""
+    python: bool = True
+    """Bind the `python` tool, which runs code the model writes (off in Studio unless asked)."""
     batch_size: int = 1
     """Concurrent calls decoded together (concurrent flows share batches)."""
     cache_dir: str | None = None
     benchmarks_dir: str | None = None
     wikipedia_endpoint: str | None = None
+    python_isolation: Isolation = "bwrap"
+    """How `python` runs model-written code: "bwrap" (the Linux sandbox, refused where the host
+    cannot build it) or "none" (unisolated, with your user's rights: an explicit opt-in)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> FlowSpec:
@@ -83,12 +93,23 @@ class FlowSpec:
         for name, variable in ENV.items():
             if name not in values and environ.get(variable):
                 raw = environ[variable]
-                values[name] = raw.strip() in {"1", "true", "yes"} if name == "web" else raw
+                values[name] = raw.strip() in _TRUE if name == "web" else raw
         return cls(**values)
+
+    @classmethod
+    def for_studio(cls, environ: Mapping[str, str] | None = None) -> FlowSpec:
+        """Name the Studio graph's parts: as `from_env`, with `python` only if asked for.
+
+        The Studio graph answers HTTP, not a user at a terminal, so the tool that runs code is
+        bound only when `$FLOWLEARN_STUDIO_PYTHON` is 1 (or true, yes).
+        """
+        environ = os.environ if environ is None else environ
+        return cls.from_env(environ, python=environ.get(STUDIO_PYTHON_ENV, "").strip() in _TRUE)
 
     def bound_tools(self) -> tuple[str, ...]:
         """Names of the tools this spec binds to the graph."""
-        return BASE_TOOLS + WEB_TOOLS if self.web else BASE_TOOLS
+        names = BASE_TOOLS + WEB_TOOLS if self.web else BASE_TOOLS
+        return names if self.python else tuple(n for n in names if n != "python")
 
 
 def check_names(
@@ -107,6 +128,8 @@ def check_names(
     unknown = sorted(set(tools or ()) - set(spec.bound_tools()))
     if unknown:
         hint = "" if spec.web else f" (the web tools {list(WEB_TOOLS)} need web on)"
+        if not spec.python and "python" in unknown:
+            hint += f" (python is off: the Studio graph binds it only with {STUDIO_PYTHON_ENV}=1)"
         raise UsageError(f"unknown tools {unknown}; available: {list(spec.bound_tools())}{hint}")
     if spec.web and not os.environ.get(TAVILY_KEY_ENV):
         raise UsageError(
@@ -114,6 +137,11 @@ def check_names(
         )
     if spec.corpus is not None and not Path(spec.corpus).expanduser().is_file():
         raise UsageError(f"corpus {spec.corpus} is not a file; give a JSONL corpus")
+    if spec.python_isolation not in ISOLATIONS:
+        raise UsageError(
+            f"unknown python isolation {spec.python_isolation!r} "
+            f"(${ENV['python_isolation']}); choose from {list(ISOLATIONS)}"
+        )
     if benchmark is not None and benchmark not in BENCHMARKS:
         raise UsageError(f"unknown benchmark {benchmark!r}; known: {', '.join(sorted(BENCHMARKS))}")
     if data is not None and not Path(data).expanduser().is_file():
@@ -140,12 +168,14 @@ def check_model_name(name: str) -> None:
 
 def build_tools(spec: FlowSpec, engine: BaseChatModel) -> list[BaseTool]:
     """Return the tools the spec binds, over the fixed engine."""
-    return default_tools(
+    tools = default_tools(
         engine,
         corpus=spec.corpus,
         web=spec.web,
         wikipedia_endpoint=spec.wikipedia_endpoint,
+        python_isolation=spec.python_isolation,
     )
+    return [tool for tool in tools if spec.python or tool.name != "python"]
 
 
 @dataclass

@@ -92,6 +92,12 @@ def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int | None =
         default=None,
         help="add wikipedia_search and web_search (TAVILY_API_KEY; $FLOWLEARN_WEB_TOOLS=1)",
     )
+    flow.add_argument(
+        "--python-isolation",
+        choices=["bwrap", "none"],
+        help="how the python tool runs model-written code: bwrap (default: the Linux sandbox) "
+        "or none (unisolated, with your rights: an explicit opt-in; $FLOWLEARN_PYTHON_ISOLATION)",
+    )
 
 
 def context_from_args(args: argparse.Namespace) -> Context:
@@ -115,6 +121,7 @@ def spec_from_args(args: argparse.Namespace) -> FlowSpec:
         engine_max_new_tokens=args.engine_max_new_tokens,
         corpus=args.corpus,
         web=args.web,
+        python_isolation=getattr(args, "python_isolation", None),
         batch_size=getattr(args, "concurrency", 1),  # concurrent flows share batches
     )
 

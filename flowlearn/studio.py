@@ -3,7 +3,10 @@
 `langgraph.json` points at `flowlearn.studio:make_graph`. The models load on the first run, once
 per process, through the composition root (`flowlearn.compose`): `$FLOWLEARN_PLANNER` /
 `$FLOWLEARN_ENGINE` (default: the embedded SmolLM2), tools from `$FLOWLEARN_CORPUS` and
-`$FLOWLEARN_WEB_TOOLS`. The graph is compiled without a checkpointer: the server brings its own.
+`$FLOWLEARN_WEB_TOOLS`. The `python` tool, which runs code the model writes, is bound only when
+`$FLOWLEARN_STUDIO_PYTHON=1`: the server answers HTTP, so running code is an explicit opt-in. The
+server itself admits only the Studio and localhost origins (`flowlearn.studio_http`). The graph is
+compiled without a checkpointer: the server brings its own.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ Graph = CompiledStateGraph[State, Context, InputState, State]
 @lru_cache(maxsize=1)
 def build_graph_from_env() -> Graph:
     """Build the AgentFlow graph on the parts the environment names (cached per process)."""
-    return build_flow(FlowSpec.from_env()).graph
+    return build_flow(FlowSpec.for_studio()).graph
 
 
 async def make_graph() -> Graph:

@@ -16,6 +16,8 @@ from typing import ParamSpec, TypeVar
 import tenacity
 from langgraph.types import RetryPolicy
 
+from flowlearn.nodes.secrets import error_text, redact
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -92,18 +94,20 @@ def retrying(call: Callable[P, T], policy: RetryPolicy | None) -> Callable[P, T]
             return retryer(call, *args, **kwargs)
         except Exception as exc:
             if transient(exc):
-                raise TransientEngineError(str(exc)) from exc
+                raise TransientEngineError(redact(str(exc))) from exc
             raise
 
     return call_with_retries
 
 
 def engine_error(exc: BaseException) -> str:
-    """Return the message recorded for a failed engine call (retries already spent)."""
+    """Return the message recorded for a failed engine call (retries already spent).
+
+    Known secrets are redacted (`flowlearn.nodes.secrets`): a server's 401 may echo its token.
+    """
     if isinstance(exc, TransientEngineError) and exc.__cause__ is not None:
-        cause = exc.__cause__
-        return f"the engine failed (transient; retries exhausted): {type(cause).__name__}: {cause}"
-    return f"the engine failed: {type(exc).__name__}: {exc}"
+        return f"the engine failed (transient; retries exhausted): {error_text(exc.__cause__)}"
+    return f"the engine failed: {error_text(exc)}"
 
 
 def with_retries(
@@ -115,7 +119,8 @@ def with_retries(
 ) -> T:
     """Return `call()`, retrying up to `retries` times when it raises a `transient` error.
 
-    Waits `backoff`, then twice that, and so on; the last error propagates (the web tools).
+    Waits `backoff`, then twice that, and so on; the last error propagates (the web tools),
+    its message with known secrets redacted when it is one of the `transient` kinds.
     """
     retryer = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(retries + 1),
@@ -123,4 +128,8 @@ def with_retries(
         retry=tenacity.retry_if_exception_type(transient),
         reraise=True,
     )
-    return retryer(call)
+    try:
+        return retryer(call)
+    except transient as exc:
+        exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
+        raise

@@ -21,15 +21,19 @@ from typing import Any, Literal
 
 from flowlearn.nodes.policies.hf import chat_prompt_ids
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
+from flowlearn.nodes.secrets import redact, remember, url_secrets
 
 LogprobsMode = Literal["processed", "raw"]
 
 
 class ServerError(RuntimeError):
-    """The server answered with an error status; `status_code` tells retries what it was."""
+    """The server answered with an error status; `status_code` tells retries what it was.
+
+    The message is redacted (`flowlearn.nodes.secrets`): a 401 body may echo the bearer token.
+    """
 
     def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(f"generation server answered {status_code}: {message}")
+        super().__init__(f"generation server answered {status_code}: {redact(message)}")
         self.status_code = status_code
 
 
@@ -54,7 +58,8 @@ class ServerPolicy:
             model: the served model's name.
             tokenizer: the model's tokenizer; given, prompts are rendered here and sent as ids.
             api_key_env: the environment variable holding the server's key, if it wants one;
-                read once here, sent only in the Authorization header, never logged.
+                read once here, sent only in the Authorization header, and redacted from
+                every error text (as is a password in `base_url`).
             logprobs_mode: `processed` when the server reports logprobs after temperature and
                 top-p (vLLM `--logprobs-mode processed_logprobs`), `raw` when before them.
             timeout_s: seconds one request may take.
@@ -65,15 +70,20 @@ class ServerPolicy:
 
         """
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+            raise ValueError(
+                f"base_url must start with http:// or https://, got {redact(base_url)!r}"
+            )
         if logprobs_mode not in ("processed", "raw"):
             raise ValueError(f"logprobs_mode must be 'processed' or 'raw', got {logprobs_mode!r}")
         import httpx
 
         key = os.environ.get(api_key_env) if api_key_env else None
+        remember(key, *url_secrets(base_url))  # never in an error text: a 401 may echo it
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.url = base_url.rstrip("/")
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        root = base_url.rstrip("/")
+        self._client = httpx.Client(base_url=root, headers=headers, timeout=timeout_s)
+        self.url = redact(root)
+        """The base URL with any secret in it redacted: safe to print."""
         self.model = model
         self.tokenizer = tokenizer
         self.logprobs_mode = logprobs_mode
@@ -131,7 +141,8 @@ class ServerPolicy:
             completion_ids=completion_ids,
             logprobs=logprobs,
             policy_version=self.version,
-            sampling=sampling.as_dict(),
+            # what the logprobs describe, so training can refuse processed ones under top-p < 1
+            sampling={**sampling.as_dict(), "logprobs_mode": self.logprobs_mode},
             seconds=seconds,
             notes=notes,
         )

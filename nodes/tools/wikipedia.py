@@ -12,6 +12,7 @@ from typing import Any
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
 from flowlearn.nodes.retry import with_retries
+from flowlearn.nodes.secrets import error_text, remember, url_secrets
 
 DEFAULT_ENDPOINT = "https://en.wikipedia.org/w/api.php"
 USER_AGENT = "flowlearn/0.1 (agent research framework; https://pypi.org/project/flowlearn/)"
@@ -33,7 +34,8 @@ def wikipedia_tool(
     """Return `wikipedia_search`: the top `k` pages for a query, each with its intro summary.
 
     Args:
-        endpoint: the MediaWiki `api.php` URL; defaults to English Wikipedia.
+        endpoint: the MediaWiki `api.php` URL; defaults to English Wikipedia. A key or a
+            password in it (`?apikey=...`, `user:pass@host`) never shows in an error.
         k: pages per query.
         timeout: seconds per HTTP request.
         retries: extra attempts after a 429, 5xx, timeout or connection error.
@@ -44,6 +46,7 @@ def wikipedia_tool(
     import requests
 
     url = endpoint or DEFAULT_ENDPOINT
+    remember(*url_secrets(url))  # see flowlearn.nodes.secrets
     session = requests.Session()
     session.headers["User-Agent"] = user_agent
 
@@ -51,7 +54,7 @@ def wikipedia_tool(
         try:
             response = session.get(url, params={**params, "format": "json"}, timeout=timeout)
         except (requests.Timeout, requests.ConnectionError) as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}") from exc
+            raise _Transient(error_text(exc)) from exc
         if response.status_code == 429 or response.status_code >= 500:
             raise _Transient(f"HTTP {response.status_code}")
         if response.status_code != 200:
@@ -88,15 +91,20 @@ def wikipedia_tool(
             .get("query", {})
             .get("pages", {})
         )
-        summaries = {p.get("title"): p.get("extract", "") for p in pages.values()}
-        return "\n\n".join(
-            f"[{rank}] {title}\n{summaries.get(title) or '(no summary)'}"
-            for rank, title in enumerate(titles, 1)
-        )
+        return format_pages(titles, pages)
 
     return StructuredTool.from_function(
         wikipedia_search,
         name="wikipedia_search",
         description="Search Wikipedia and return the best-matching pages with their summaries.",
         metadata={"usage_notes": "Query with the name of an entity or topic, not a question."},
+    )
+
+
+def format_pages(titles: list[str], pages: dict[str, Any]) -> str:
+    """Render the found titles in rank order, each with its page's intro summary."""
+    summaries = {p.get("title"): p.get("extract", "") for p in pages.values()}
+    return "\n\n".join(
+        f"[{rank}] {title}\n{summaries.get(title) or '(no summary)'}"
+        for rank, title in enumerate(titles, 1)
     )

@@ -1,4 +1,8 @@
-"""`langgraph dev` serves the flow from langgraph.json; a langgraph_sdk client runs it."""
+"""`langgraph dev` serves the flow from langgraph.json; a langgraph_sdk client runs it.
+
+One server (bound to 127.0.0.1) for the module: the flow runs, the python tool is off, and only
+the Studio and localhost origins get a CORS grant; a foreign page's requests are refused.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).parents[2]
@@ -30,10 +35,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def server(tiny_model_dir: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+STUDIO = "https://smith.langchain.com"
+FOREIGN = (
+    "https://evil.example",
+    "null",
+    "http://localhost.evil.example",
+    "https://localhost:3000",
+)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    tmp_path = tmp_path_factory.mktemp("studio")
     port = free_port()
     env = {**os.environ, "FLOWLEARN_PLANNER": str(tiny_model_dir), "LANGSMITH_TRACING": "false"}
+    env.pop("FLOWLEARN_STUDIO_PYTHON", None)
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
         [
@@ -108,3 +124,79 @@ def test_langgraph_dev_serves_the_flow(server: str) -> None:
     kinds = [e["event"] for e in events]
     assert kinds[0] == "planner" and kinds[-1] == "answer"
     assert "budget" in kinds or "verdict" in kinds
+
+
+def preflight(client: httpx.Client, origin: str) -> httpx.Response:
+    return client.options(
+        "/threads",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type",
+        },
+    )
+
+
+def thread_count(client: httpx.Client) -> int:
+    return len(client.post("/threads/search", json={"limit": 1000}).json())
+
+
+@pytest.mark.parametrize("origin", FOREIGN)
+def test_a_foreign_origin_gets_no_cors_grant_and_cannot_post(server: str, origin: str) -> None:
+    with httpx.Client(base_url=server, timeout=10) as client:
+        before = thread_count(client)
+        answer = preflight(client, origin)
+        assert answer.status_code == 403, answer.text
+        assert "access-control-allow-origin" not in answer.headers
+        assert "access-control-allow-private-network" not in answer.headers
+        # A "simple" POST goes out without a preflight: it must be refused, not just unreadable.
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/json"):
+            answer = client.post(
+                "/threads", content=b"{}", headers={"Origin": origin, "Content-Type": content_type}
+            )
+            assert answer.status_code == 403, answer.text
+            assert "access-control-allow-origin" not in answer.headers
+            assert "is not allowed" in answer.json()["detail"]
+        assert thread_count(client) == before
+
+
+@pytest.mark.parametrize("origin", [STUDIO, "http://localhost:5173", "http://127.0.0.1:3000"])
+def test_studio_and_localhost_origins_get_the_grant(server: str, origin: str) -> None:
+    with httpx.Client(base_url=server, timeout=10) as client:
+        answer = preflight(client, origin)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["access-control-allow-origin"] == origin
+        assert answer.headers["access-control-allow-private-network"] == "true"
+        assert "POST" in answer.headers["access-control-allow-methods"]
+        answer = client.post("/threads", json={}, headers={"Origin": origin})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["access-control-allow-origin"] == origin
+        assert "thread_id" in answer.json()
+
+
+def test_a_body_that_is_not_json_is_refused_even_without_an_origin(server: str) -> None:
+    with httpx.Client(base_url=server, timeout=10) as client:
+        before = thread_count(client)
+        answer = client.post("/threads", content=b"{}", headers={"Content-Type": "text/plain"})
+        assert answer.status_code == 415 and "must be JSON" in answer.json()["detail"]
+        assert thread_count(client) == before
+        assert client.get("/ok").status_code == 200  # reads without a body pass
+
+
+def test_the_studio_graph_binds_no_python_tool(server: str) -> None:
+    from langgraph_sdk import get_client
+
+    async def scenario() -> dict:
+        client = get_client(url=server)
+        thread = await client.threads.create()
+        return await client.runs.wait(
+            thread["thread_id"],
+            "agentflow",
+            input={"question": "What is 17 * 23?"},
+            context={"max_turns": 1, "tools": ["python"]},
+            raise_error=False,
+        )
+
+    error = asyncio.run(scenario())["__error__"]
+    assert "context.tools names ['python'], which are not bound" in error["message"]
+    assert "python" not in error["message"].split("bound tools are")[1]

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from flowlearn.cli import build_parser
+from flowlearn.evals.benchmarks import load_benchmark
 from flowlearn.evals.cases import load_cases
+from flowlearn.evals.tasks import load_cases_and_scorer
+from flowlearn.flow_setup import UsageError, context_from_args
+from flowlearn.graphs import Context
 from flowlearn.nodes.tools.local_search import local_search_tool
 from flowlearn.training import Trajectory, TrajectoryStore
 
@@ -68,3 +73,70 @@ def test_a_null_corpus_text_is_an_error_naming_its_line(tmp_path: Path) -> None:
     corpus.write_text('{"id": "a", "text": "Paris is in France."}\n{"id": "b", "text": null}\n')
     with pytest.raises(ValueError, match=r"corpus.jsonl:2: .*'text' must be a string, got None"):
         local_search_tool(corpus)
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, -math.inf, -5.0, 0.0])
+def test_a_time_budget_that_is_not_a_finite_positive_number_is_refused(seconds: float) -> None:
+    """NaN compared false with `<= 0` and so switched the budget off."""
+    with pytest.raises(ValueError, match=r"max_seconds must be > 0 \(a finite number of seconds\)"):
+        Context(max_seconds=seconds)
+    with pytest.raises(ValueError, match=r"tool_timeout_s must be > 0 \(a finite number"):
+        Context(tool_timeout_s=seconds)
+    args = build_parser().parse_args(["run", "q?", f"--max-seconds={seconds}"])
+    with pytest.raises(UsageError, match="max_seconds"):
+        context_from_args(args)
+    assert Context(max_seconds=0.5).max_seconds == 0.5 and Context().max_seconds is None
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "later", "earlier"),
+    [
+        (
+            "c.jsonl",
+            '{"id": "a", "query": "q", "answer": "r"}\n{"id": "b", "query": "q", "answer": "r"}'
+            '\n\n{"id": "a", "query": "q2", "answer": "r2"}\n',
+            "c.jsonl:4",
+            "c.jsonl:1",
+        ),
+        (
+            "c.json",
+            json.dumps([{"id": i % 2, "query": "q", "answer": "r"} for i in range(3)], indent=2),
+            "c.json:12",
+            "c.json:2",
+        ),
+        (
+            "c.json",
+            '[{"query": "q", "answer": "r"}, {"id": "0", "query": "q", "answer": "r"}]',
+            "c.json:1",
+            "c.json:1",
+        ),
+    ],
+)
+def test_a_case_file_with_a_repeated_id_is_refused_naming_both_lines(
+    tmp_path: Path, name: str, text: str, later: str, earlier: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    where = rf"{later}: case id '\w+' is already used at .*{earlier}\b"
+    with pytest.raises(ValueError, match=where):
+        load_cases(path)
+    with pytest.raises(ValueError, match=where):  # --data, for eval, collect and train alike
+        load_cases_and_scorer(data=path, scorer="exact_match")
+
+
+def test_published_benchmarks_with_repeated_ids_still_load_with_suffixes() -> None:
+    medqa = load_benchmark("medqa")
+    ids = [case.id for case in medqa]
+    assert len(ids) == len(set(ids)) == 300
+    suffixed = [case for case in medqa if "source_id" in case.metadata]
+    assert suffixed and all(c.id.startswith(c.metadata["source_id"] + "-") for c in suffixed)
+
+
+def test_a_jsonl_string_holding_a_unicode_line_separator_is_one_record(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    rows = [
+        {"id": "a", "query": "one\u2028two", "answer": "x"},
+        {"id": "b", "query": "q", "answer": "y"},
+    ]
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    assert [(c.id, c.reference) for c in load_cases(path)] == [("a", "x"), ("b", "y")]

@@ -24,16 +24,25 @@ def test_python_memory_limit() -> None:
     assert "MemoryError" in out and "allocated" not in out
 
 
-def test_python_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("isolation", ["bwrap", "none"])
+def test_python_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch, isolation: str) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     monkeypatch.setenv("HF_TOKEN", "hf-secret")
     monkeypatch.setenv("MY_SECRET", "x")
-    out = run_python("import os\nprint(sorted(os.environ))")
+    out = run_python("import os\nprint(sorted(os.environ))", isolation=isolation)
+    assert out.startswith("['HOME',")
     assert not any(word in out for word in ("KEY", "TOKEN", "SECRET"))
 
 
-def test_python_files_land_in_a_removed_temp_dir() -> None:
-    out = run_python("import os\nopen('f.txt', 'w').write('x')\nprint(os.getcwd())")
+def test_python_files_land_in_the_sandbox_folder_only() -> None:
+    out = run_python("import os\nopen('f.txt', 'w').write('x')\nos.getcwd(), sorted(os.listdir())")
+    assert out == "('/sandbox', ['.shm', 'f.txt', 'main.py'])"
+    assert not os.path.exists("/sandbox/f.txt")
+
+
+def test_python_unisolated_files_land_in_a_removed_temp_dir() -> None:
+    code = "import os\nopen('f.txt', 'w').write('x')\nprint(os.getcwd())"
+    out = run_python(code, isolation="none")
     assert "flowlearn-py-" in out
     assert not os.path.exists(out.strip())
 

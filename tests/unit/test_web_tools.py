@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import json
+import socket
+import uuid
+
 import pytest
-from langchain_core.tools import ToolException
+from langchain_core.tools import ToolException, tool
 from stand_in_server import Recorded, Reply, stand_in_server
 
+from fakes import FakeChatModel, ScriptedPolicy, plan
+from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.tools import web_search_tool, wikipedia_tool
 
 pytest.importorskip("tavily")
@@ -108,3 +114,33 @@ def test_wikipedia_429_then_success_and_persistent_errors() -> None:
 def test_wikipedia_no_match() -> None:
     with stand_in_server(scripted(Reply(200, {"query": {"search": []}}))) as server:
         assert wikipedia_tool(endpoint=server.url).invoke({"query": "zzz"}).startswith("No ")
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_secret_in_the_wikipedia_endpoint_stays_out_of_error_texts() -> None:
+    key, password = f"wiki-{uuid.uuid4().hex}", f"pw-{uuid.uuid4().hex}"
+    endpoint = f"http://reader:{password}@127.0.0.1:{closed_port()}/w/api.php?apikey={key}"
+    tool_ = wikipedia_tool(endpoint=endpoint, retries=0, backoff=0)
+    with pytest.raises(ToolException) as raised:
+        tool_.invoke({"query": "Paris"})
+    message = str(raised.value)
+    assert "ConnectionError" in message and "/w/api.php" in message  # the URL is still named
+    assert key not in message and password not in message
+
+    @tool
+    def leaky(query: str) -> str:
+        """Fail with an error that quotes the endpoint."""
+        raise RuntimeError(f"GET {endpoint.replace('?', '?lang=en&')} failed")
+
+    graph = build_agentflow(
+        ScriptedPolicy([plan("leaky")]), FakeChatModel(default_args={"query": "x"}), [leaky]
+    )
+    state = graph.invoke({"question": "q"}, context=Context(max_turns=1))
+    (action,) = [r for r in state["memory"] if r["kind"] == "action"]
+    assert action["error"].startswith("RuntimeError: GET http://[redacted]@127.0.0.1")
+    assert key not in json.dumps(state, default=str) and password not in action["error"]

@@ -1,0 +1,104 @@
+"""The HTTP guard `langgraph dev` mounts (langgraph.json `http.app`): other sites' pages refused."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class OriginGuard:
+    """Refuse what a web page of another site could make the server do, before CORS runs.
+
+    CORS alone only decides whether a page may *read* a reply, so:
+
+    1. A request whose `Origin` the CORS grant does not allow is refused with 403. A "simple"
+       request (a POST of text/plain, form or multipart data) is sent without a preflight, and
+       LangGraph parses its body as JSON whatever its type: without this, the run would start.
+       Preflights are refused the same way, and WebSockets, which CORS does not cover at all.
+    2. A request with a body must be JSON (415 otherwise). Browsers send JSON across origins
+       only after a preflight, so even a page whose browser leaves `Origin` out cannot post.
+
+    Requests without `Origin` (the SDK, curl) pass: browsers send one with every cross-origin
+    request that can change state. `Origin: null` (sandboxed frames, `file:` pages) is foreign.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        allow_origins: Collection[str],
+        allow_origin_regex: str | None = None,
+    ) -> None:
+        if "*" in allow_origins or not (allow_origins or allow_origin_regex):
+            raise ValueError(
+                "OriginGuard needs explicit origins: set langgraph.json's http.cors "
+                "allow_origins (without '*') or allow_origin_regex"
+            )
+        self.app = app
+        self.allow_origins = frozenset(allow_origins)
+        self.allow_origin_regex = re.compile(allow_origin_regex) if allow_origin_regex else None
+
+    def allows(self, origin: str) -> bool:
+        """Match an origin as Starlette's CORSMiddleware does: listed, or the regex in full."""
+        pattern = self.allow_origin_regex
+        return origin in self.allow_origins or bool(pattern and pattern.fullmatch(origin))
+
+    def refusal(self, scope: Scope) -> tuple[int, str] | None:
+        """Return the status and reason to refuse this request with, or None to let it in."""
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        if origin is not None and not self.allows(origin):
+            return 403, (
+                f"origin {origin!r} is not allowed; this server admits LangGraph Studio and "
+                "localhost pages (langgraph.json http.cors), and clients that send no Origin"
+            )
+        has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        if scope["type"] == "http" and scope["method"] in _BODY_METHODS and has_body:
+            media = headers.get("content-type", "").split(";")[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
+                return 415, (
+                    f"a request body must be JSON (Content-Type: application/json), "
+                    f"got {media or 'no Content-Type'!r}"
+                )
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on, or answer it with the refusal (no CORS headers)."""
+        refused = self.refusal(scope) if scope["type"] in {"http", "websocket"} else None
+        if refused is None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":  # closing before accepting answers HTTP 403
+            await send({"type": "websocket.close", "code": 1008, "reason": refused[1][:120]})
+        else:
+            status, reason = refused
+            await JSONResponse({"detail": reason}, status_code=status)(scope, receive, send)
+
+
+def guard_as_served(app: ASGIApp) -> OriginGuard:
+    """Wrap `app` in a guard that admits exactly the origins the server's CORS grant allows.
+
+    The rule is declared once, in langgraph.json's `http.cors`; this reads the server's own
+    parse of it when the server builds its middleware (at start-up, so a missing rule stops
+    the server). Imported here, not at the top: only a LangGraph server has `langgraph_api`.
+    """
+    from langgraph_api.config import CORS_CONFIG  # type: ignore[import-untyped]
+
+    cors = CORS_CONFIG or {}
+    return OriginGuard(
+        app,
+        allow_origins=list(cors.get("allow_origins") or ()),
+        allow_origin_regex=cors.get("allow_origin_regex"),
+    )
+
+
+app = Starlette(middleware=[Middleware(guard_as_served)])
+"""Mounted by `langgraph dev` (langgraph.json `http.app`); it adds no routes, only the guard,
+which the server places outside its own CORS and private-network middleware."""
