@@ -1,13 +1,19 @@
 """GPU check: Flow-GRPO steps through the real flow vs TRL's stock GRPOTrainer, side by side.
 
 Run: `python bench/gpu_train.py` on a machine with one CUDA GPU (`--tiny` runs a small model on
-CPU, to check the script itself). A randomly initialised model of the Qwen2.5-0.5B configuration
-in bf16 is the planner; the fixed engine is scripted, so the measured time is the policy's.
-Both trainers get the same model configuration, group size, batch and completion budget; the
+CPU, to check the script itself, and writes bench/results/gpu_train_cpu_small.txt). A randomly
+initialised model of the Qwen2.5-0.5B configuration, loaded in bf16, is the planner; the fixed
+engine is scripted, so the measured time is the policy's. Both trainers get the same model
+configuration, group size, batch and completion budget, and both train fp32 master weights
+under bf16 autocast (the flow trainer upcasts them itself; the stock arm is handed them). The
 JSON written to bench/results/gpu_train.json holds rollout and update seconds, completion
-tokens per second and peak GPU memory of each, and their ratios. It also runs the rollout
-benchmark of `bench/rollouts.py` on the same model: 16 flows, batched (`BatchingPolicy`, under
-planner and engine) vs one at a time, with its trajectories per second and their ratio.
+tokens per second and peak memory of each, and their ratios, for the per-device batch given
+(`--micro-batch N`: N rows a pass, the step's rollouts in rows / N micro-steps of one update;
+default: all of a step's rollouts in one micro-step). It also runs:
+- the rollout benchmark of `bench/rollouts.py` on the same model: 16 flows, batched
+  (`BatchingPolicy`, under planner and engine) vs one at a time;
+- the bf16 check of `bench/gpu_checks.py`: the fraction of weights changed after
+  `--weight-steps` updates at lr 1e-6 in bf16 vs fp32, and how close the two updates are.
 """
 
 from __future__ import annotations
@@ -25,78 +31,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import rollouts
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from gpu_checks import QWEN25_05B, TINY, model, peak_gib, reset_peak, tokenizer, weights_move
 from trl import GRPOConfig, GRPOTrainer
 
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context
 from flowlearn.nodes.policies.scripted import ScriptedChatModel as FakeChatModel
-from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
+from flowlearn.nodes.prompts import PLANNER_PROMPT
 from flowlearn.nodes.tools import python_tool
 from flowlearn.training.metrics import read_metrics
 from flowlearn.training.trainer import FlowGRPOTrainer
 
 RESULTS = Path(__file__).parent / "results" / "gpu_train.json"
-QWEN25_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-    max_position_embeddings=32768,
-)
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=2048,
-    tie_word_embeddings=True,
-    max_position_embeddings=4096,
-)
-
-
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-"""A ChatML template for the locally built tokenizer."""
-
-
-def tokenizer(folder: Path) -> Any:
-    """A byte-level BPE fitted to the flow's prompt templates (no hub access needed)."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok.train_from_iterator(
-        [PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT] * 50,
-        trainers.BpeTrainer(
-            vocab_size=2000,
-            special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHATML,
-    )
-    fast.save_pretrained(folder)
-    return fast
-
-
-def model(shape: dict[str, Any], tok: Any, device: str, dtype: Any) -> Any:
-    """A randomly initialised Qwen2 of the given shape."""
-    torch.manual_seed(0)
-    config = Qwen2Config(**shape, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    return Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
+CPU_RESULTS = Path(__file__).parent / "results" / "gpu_train_cpu_small.txt"
 
 
 def engine() -> FakeChatModel:
@@ -117,12 +65,17 @@ def engine() -> FakeChatModel:
 
 
 def grpo_config(out: Path, args: argparse.Namespace, cuda: bool, **extra: Any) -> GRPOConfig:
-    return GRPOConfig(
+    """The trainers' config; `extra` overrides any value (e.g. max_steps, bf16)."""
+    rollouts = args.questions * args.group
+    per_device = args.micro_batch or rollouts
+    if rollouts % per_device:
+        raise SystemExit(f"--micro-batch {per_device} does not divide the {rollouts} rollouts")
+    values: dict[str, Any] = dict(
         output_dir=str(out),
-        per_device_train_batch_size=args.questions * args.group,
+        per_device_train_batch_size=per_device,
         num_generations=args.group,
-        steps_per_generation=1,
-        gradient_accumulation_steps=1,
+        steps_per_generation=rollouts // per_device,  # one update per step, in micro-steps
+        gradient_accumulation_steps=rollouts // per_device,
         max_steps=args.steps,
         learning_rate=1e-6,
         temperature=1.0,
@@ -135,8 +88,8 @@ def grpo_config(out: Path, args: argparse.Namespace, cuda: bool, **extra: Any) -
         bf16=cuda,
         use_cpu=not cuda,
         seed=0,
-        **extra,
     )
+    return GRPOConfig(**(values | extra))
 
 
 def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: Path) -> dict:
@@ -159,8 +112,7 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
         ),
         processing_class=tok,
     )
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+    reset_peak(cuda)
     start = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - start
@@ -175,7 +127,7 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
         "update_seconds_per_step": update,
         "completion_tokens_per_step": tokens,
         "completion_tokens_per_second": tokens / (rollout + update),
-        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "peak_memory_gib": peak_gib(cuda),
     }
 
 
@@ -188,14 +140,14 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
     import datasets
 
     cuda = device == "cuda"
-    policy = model(args.shape, tok, device, dtype)
+    policy = model(args.shape, tok, device, dtype).float()  # fp32 master weights, as the flow's
     prompt = PLANNER_PROMPT.format(
         question="What is 12 + 30?",
         analysis="Analysis: arithmetic.",
         tools="- python: run code",
         memory="(no steps yet)",
-        step=1,
-        max_steps=args.turns,
+        turn=1,
+        max_turns=args.turns,
         tool_names="python",
     )
     data = datasets.Dataset.from_list(
@@ -208,8 +160,7 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
         train_dataset=data,
         processing_class=tok,
     )
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+    reset_peak(cuda)
     start = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - start
@@ -224,7 +175,7 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
         "seconds_per_step": step,
         "completion_tokens_per_step": statistics.mean(lengths) * rows,
         "completion_tokens_per_second": statistics.mean(lengths) * rows / step,
-        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "peak_memory_gib": peak_gib(cuda),
     }
 
 
@@ -248,6 +199,12 @@ def main() -> None:
     parser.add_argument(
         "--rollout-tokens", type=int, default=64, help="rollout bench: tokens per call (64)"
     )
+    parser.add_argument(
+        "--micro-batch", type=int, help="rows per forward/backward pass (default: all rollouts)"
+    )
+    parser.add_argument(
+        "--weight-steps", type=int, default=10, help="bf16 check: updates at lr 1e-6 (10)"
+    )
     parser.add_argument("--out", type=Path, default=Path("/tmp/flowlearn-gpu-train"))
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.tiny
@@ -259,21 +216,36 @@ def main() -> None:
     flow = run_flow(args, tok, device, dtype, args.out)
     stock = run_stock(args, tok, device, dtype, args.out)
     batching = run_rollouts(args, tok, device, dtype)
+    weights = weights_move(
+        lambda kind: model(args.shape, tok, device, kind),
+        tok,
+        lambda out, **extra: grpo_config(out, args, cuda, **extra),
+        args,
+        cuda,
+    )
+    settings = ("steps", "questions", "group", "turns", "tokens", "micro_batch", "weight_steps")
     result = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (--tiny script check)",
         "model": "Qwen2.5-0.5B configuration, random init, bf16" if cuda else "tiny Qwen2, fp32",
-        "settings": {k: vars(args)[k] for k in ("steps", "questions", "group", "turns", "tokens")},
+        "settings": {k: vars(args)[k] for k in settings},
+        "peak_memory": "torch's peak GPU allocation" if cuda else "the process's peak RSS",
+        "per_device_train_batch_size": args.micro_batch or args.questions * args.group,
+        "bf16_weights_move": weights,
         "flow_grpo": flow,
         "trl_grpo": stock,
         "tokens_per_second_ratio_flow_over_stock": flow["completion_tokens_per_second"]
         / stock["completion_tokens_per_second"],
         "rollouts_batched_vs_sequential": batching,
     }
-    print(json.dumps(result, indent=2))
-    if cuda:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {RESULTS}")
+    text = json.dumps(result, indent=2) + "\n"
+    print(text, end="")
+    target = RESULTS if cuda else CPU_RESULTS
+    if not cuda:  # the small CPU run checks the script; its figures are not the GPU's
+        command = " ".join(["python", "bench/gpu_train.py", *sys.argv[1:]])
+        text = f"CPU smoke run of `{command}`: a script check, not the GPU result.\n{text}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    print(f"wrote {target}")
 
 
 if __name__ == "__main__":

@@ -9,12 +9,20 @@ in a fresh subprocess of this script, one after the other:
   real flow, then the update), the job users run.
 Prints each arm's peak RSS, what it adds over the floor and the flow/stock ratio; writes
 bench/results/memory.json. Peak GPU memory is reported by `bench/gpu_train.py`.
+
+`python bench/memory.py --micro 8,32 [--per-device 4]` measures micro-batching instead: one
+`FlowGRPOTrainer` update (`train()` for one step, AdamW) of 8 and of 32 one-turn rows, each
+with all rows in one pass (per_device_train_batch_size = rows, as before micro-batching) and
+with a fixed per-device batch (steps_per_generation = gradient_accumulation_steps = rows /
+per-device). The update's own peak is the process's peak RSS during `train()` (its high-water
+mark reset just before) less the RSS before it; writes bench/results/memory.txt.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -23,11 +31,93 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results" / "memory.json"
+MICRO_RESULTS = HERE / "results" / "memory.txt"
 ARMS = ("model", "stock", "flow", "online")
 
 
 def peak_rss_mib() -> int:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def rss_mib(field: str) -> int:
+    """Return VmRSS or VmHWM (the peak since the last reset) of this process, in MiB."""
+    status = Path("/proc/self/status").read_text()
+    return round(int(re.search(rf"{field}:\s+(\d+)", status).group(1)) / 1024)  # type: ignore[union-attr]
+
+
+def micro_arm(rows: int, per_device: int, args: argparse.Namespace) -> dict[str, int]:
+    """Run one update of `rows` one-turn rows, `per_device` rows a pass; return its memory."""
+    sys.path.insert(0, str(HERE))
+    from trl import GRPOConfig
+    from update import groups
+
+    from flowlearn.graphs import Context
+    from flowlearn.nodes.policies.loading import load_model_and_tokenizer
+    from flowlearn.training.trainer import FlowGRPOTrainer
+
+    model, tokenizer = load_model_and_tokenizer(args.planner)
+    data = groups(rows // args.group, args.group, args.prompt, args.completion, len(tokenizer))
+    steps = rows // per_device
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="flowlearn-mem-"),
+        per_device_train_batch_size=per_device,
+        steps_per_generation=steps,
+        gradient_accumulation_steps=steps,
+        num_generations=args.group,
+        max_steps=1,
+        learning_rate=1e-6,
+        temperature=1.0,
+        loss_type="dapo",
+        beta=0.0,
+        max_completion_length=args.completion,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = FlowGRPOTrainer.offline(
+        model,
+        args=config,
+        trajectories=data,
+        context=Context(planner_temperature=1.0),
+        processing_class=tokenizer,
+    )
+    floor = rss_mib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the RSS now
+    trainer.train()
+    peak = rss_mib("VmHWM")
+    return {"rows": rows, "per_device": per_device, "floor": floor, "update": peak - floor}
+
+
+def micro(args: argparse.Namespace) -> None:
+    """Measure each row count with one pass and with a fixed per-device batch; write a table."""
+    lines = [
+        f"One FlowGRPOTrainer update on CPU, {args.planner or 'SmolLM2-135M'}, one-turn rows of "
+        f"{args.prompt} prompt + {args.completion} completion tokens, AdamW, fp32.",
+        "update MiB = peak RSS during train() - RSS before it (each in a fresh process)",
+        "",
+        f"{'rows':>5} {'per-device':>10} {'micro-steps':>11} {'update MiB':>10}",
+    ]
+    for rows in [int(r) for r in args.micro.split(",")]:
+        for per_device in sorted({rows, args.per_device}, reverse=True):
+            passed = [f"--{n}={getattr(args, n)}" for n in ("group", "prompt", "completion")]
+            passed += [f"--planner={args.planner}"] if args.planner else []
+            child = subprocess.run(
+                [sys.executable, __file__, *passed, f"--micro-arm={rows},{per_device}"],
+                capture_output=True,
+                text=True,
+            )
+            if child.returncode != 0:
+                sys.exit(f"rows {rows} per-device {per_device} failed:\n{child.stderr[-3000:]}")
+            got = json.loads(child.stdout.strip().splitlines()[-1])
+            lines.append(
+                f"{rows:>5} {per_device:>10} {rows // per_device:>11} {got['update']:>10,}"
+            )
+            print(lines[-1], flush=True)
+    MICRO_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    MICRO_RESULTS.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def run_arm(arm: str, args: argparse.Namespace) -> int:
@@ -98,7 +188,17 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=128)
     parser.add_argument("--arms", default=",".join(ARMS), help="which arms, comma-separated")
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # one arm, in a child
+    parser.add_argument("--micro", help="row counts for the micro-batching table, e.g. 8,32")
+    parser.add_argument("--per-device", type=int, default=4, help="fixed per-device batch")
+    parser.add_argument("--micro-arm", help=argparse.SUPPRESS)  # "rows,per_device", in a child
     args = parser.parse_args()
+    if args.micro_arm:
+        rows, per_device = (int(v) for v in args.micro_arm.split(","))
+        print(json.dumps(micro_arm(rows, per_device, args)))
+        return
+    if args.micro:
+        micro(args)
+        return
     if args.arm:
         print(json.dumps({"arm": args.arm, "peak_rss_mib": run_arm(args.arm, args)}))
         return

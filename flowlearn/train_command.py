@@ -28,11 +28,13 @@ def train_command(args: argparse.Namespace) -> int:
     """Validate the config, train, and say where the final policy is."""
     from flowlearn.training.config import parse_config
     from flowlearn.training.run import resume_point, train
+    from flowlearn.training.run_record import check_run
     from flowlearn.training_parts import build_training_parts
 
     try:
         config = parse_config(args.options)
         resume_from = resume_point(config)  # checked before any model is loaded
+        check_run(config, resuming=config.resume or resume_from is not None)  # stored rollouts
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
     final = train(config, build_training_parts(config), resume_from=resume_from)

@@ -20,6 +20,7 @@ from flowlearn.nodes.policies import (
     ModelNotFoundError,
     load_model_and_tokenizer,
 )
+from flowlearn.nodes.policies.loading import parameter_count, pick_device_and_dtype
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.run import TrainingParts, cases_and_scorer
 
@@ -52,12 +53,9 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     try:
         data = None if config.trajectories else cases_and_scorer(config, spec.benchmarks_dir)
         device = "cpu" if config.use_cpu else None  # None: CUDA when available
-        model, tokenizer = load_model_and_tokenizer(
-            spec.planner, device=device, cache_dir=spec.cache_dir
-        )
+        model, tokenizer, lora = load_planner(config, spec, device)
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
-    lora = config.lora if config.lora is not None else model.num_parameters() > 1e9
     if lora:
         model = with_lora(model, config)
     handle = ModelHandle(model, tokenizer)  # the live planner and the frozen base share its lock
@@ -74,6 +72,30 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     parts.tools = build_tools(spec, parts.engine)
     parts.cases, parts.scorer = data
     return parts
+
+
+def load_planner(
+    config: FlowGRPOConfig, spec: FlowSpec, device: str | None
+) -> tuple[Any, Any, bool]:
+    """Load the planner in the precision its training wants; return it, its tokenizer, `lora`.
+
+    Full fine-tuning loads fp32: the master weights come straight from the checkpoint, and
+    `bf16` makes the compute bf16 under autocast. Under LoRA the frozen base loads as for
+    inference (bf16 on CUDA) and PEFT keeps the adapter fp32. `lora` unset means on above 1B
+    parameters, counted from the config before loading; a GGUF file (whose header costs
+    about as much to read as a load) loads fp32 first and, under LoRA, casts its base down.
+    """
+    lora = config.lora
+    if lora is None and not str(spec.planner).endswith(".gguf"):
+        lora = parameter_count(spec.planner, spec.cache_dir) > 1e9
+    model, tokenizer = load_model_and_tokenizer(
+        spec.planner, device=device, dtype=None if lora else "float32", cache_dir=spec.cache_dir
+    )
+    if lora is None:
+        lora = model.num_parameters() > 1e9
+        if lora:
+            model.to(pick_device_and_dtype(device, None)[1])
+    return model, tokenizer, bool(lora)
 
 
 def with_lora(model: Any, config: FlowGRPOConfig) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 from flowlearn.evals.cases import Case
 from flowlearn.evals.runner import run_resumable
 from flowlearn.evals.scorers import CaseScorer
+from flowlearn.nodes.secrets import error_text
 from flowlearn.training.store import TrajectoryStore
 from flowlearn.training.trajectory import Trajectory, trajectory_from_state
 
@@ -28,9 +29,13 @@ def format_penalty(weight: float = 0.1) -> RewardTerm:
     return penalty
 
 
-def rollout_id(case: Case, index: int, prefix: str = "") -> str:
-    """Return the id of rollout `index` of `case`; being fixed, it makes collection resumable."""
-    return f"{prefix}{case.id}/{index}"
+def rollout_id(case: Case, index: int, prefix: str = "", run_id: str | None = None) -> str:
+    """Return the id of rollout `index` of `case`; being fixed, it makes collection resumable.
+
+    A training rollout is `step{k}:{case}/{i}@{run_id}`: the run id keeps one run's stored
+    rollouts from ever being taken for another's.
+    """
+    return f"{prefix}{case.id}/{index}" + (f"@{run_id}" if run_id else "")
 
 
 def collect(
@@ -46,6 +51,7 @@ def collect(
     progress: bool = True,
     id_prefix: str = "",
     reward_errors: str = "zero",
+    run_id: str | None = None,
 ) -> list[Trajectory]:
     """Run `group_size` rollouts of every case, reward each, and append them to `store`.
 
@@ -64,6 +70,7 @@ def collect(
         reward_errors: what a failed scorer or reward term means for the returned list:
             `zero` keeps the trajectory with reward 0, `drop` leaves it out (training then
             never sees it). Either way it is stored, marked with `reward_error`.
+        run_id: the training run's id, appended to trajectory ids and kept in `metadata`.
 
     Returns the trajectories of `cases`, stored ones included, in case and rollout order.
     A scorer or reward-term failure is recorded on the trajectory (reward 0), never raised;
@@ -73,11 +80,15 @@ def collect(
     _check_collect(cases, group_size, reward_errors)
     graph = graph_factory if hasattr(graph_factory, "invoke") else graph_factory()
     stored = {t.trajectory_id: t for t in store} if store is not None else {}
-    work = {rollout_id(case, k, id_prefix): (case, k) for case in cases for k in range(group_size)}
+    work = {
+        rollout_id(case, k, id_prefix, run_id): (case, k)
+        for case in cases
+        for k in range(group_size)
+    }
 
     def run_one(item: tuple[Case, int]) -> Trajectory:
         case, k = item
-        return run_rollout(graph, case, k, scorer, context, extra_rewards or {}, id_prefix)
+        return run_rollout(graph, case, k, scorer, context, extra_rewards, id_prefix, run_id)
 
     fresh = run_resumable(
         work,
@@ -122,6 +133,7 @@ def run_rollout(
     context: Any = None,
     extra_rewards: Mapping[str, RewardTerm] | None = None,
     id_prefix: str = "",
+    run_id: str | None = None,
 ) -> Trajectory:
     """Run rollout `k` of `case` through the graph and reward it (not stored)."""
     run_context = context
@@ -129,13 +141,14 @@ def run_rollout(
         run_context = dataclasses.replace(context, seed=context.seed + k)
     start = time.perf_counter()
     state = graph.invoke({"question": case.query}, context=run_context)
+    metadata = {"case_metadata": case.metadata, "wall_seconds": time.perf_counter() - start}
     trajectory = trajectory_from_state(
         state,
-        trajectory_id=rollout_id(case, k, id_prefix),
+        trajectory_id=rollout_id(case, k, id_prefix, run_id),
         group_id=case.id,
         reference=case.reference,
         context=run_context.to_dict() if hasattr(run_context, "to_dict") else {},
-        metadata={"case_metadata": case.metadata, "wall_seconds": time.perf_counter() - start},
+        metadata={**metadata, "run_id": run_id} if run_id else metadata,
     )
     reward(trajectory, case, scorer, extra_rewards or {})
     return trajectory
@@ -152,10 +165,10 @@ def reward(
         score = scorer(trajectory.answer, case)
         trajectory.reward, trajectory.reward_reason = score.value, score.reason
     except Exception as exc:  # a failing judge marks the trajectory; it never stops collection
-        trajectory.reward, trajectory.reward_error = 0.0, f"{type(exc).__name__}: {exc}"
+        trajectory.reward, trajectory.reward_error = 0.0, error_text(exc)
     for name, term in extra.items():
         try:
             trajectory.reward_terms[name] = float(term(trajectory))
         except Exception as exc:
             trajectory.reward_terms[name] = 0.0
-            trajectory.reward_error = f"{name}: {type(exc).__name__}: {exc}"
+            trajectory.reward_error = f"{name}: {error_text(exc)}"

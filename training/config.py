@@ -20,6 +20,8 @@ from trl.scripts.utils import TrlParser
 from trl.trainer.grpo_config import GRPOConfig
 
 from flowlearn.nodes.schema.context import Context
+from flowlearn.training.batching import OFFICIAL_DUAL_CLIP, check_trainer_batching, resolve_batching
+from flowlearn.training.config_values import check_values
 
 RENAMED = {
     "group_size": "num_generations",
@@ -32,7 +34,6 @@ RENAMED = {
 """Old spellings of settings that are now TRL's, named in the unknown-key error."""
 
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "gradient_accumulation_steps": (1, "one generation batch is one update, as in the paper"),
     "generation_batch_size": (None, "it is questions_per_step x num_generations per process"),
     "top_k": (0, "the planner samples with temperature and top_p only"),
     "min_p": (None, "the planner samples with temperature and top_p only"),
@@ -94,13 +95,21 @@ class FlowGRPOConfig(GRPOConfig):
     lora_r: int = _help("LoRA rank.", 16)
     lora_alpha: int = _help("LoRA alpha.", 32)
     resume: bool = _help("Continue from the last complete checkpoint in output_dir.", False)
+    recompute_old_logprobs: bool = _help(
+        "Take the old logprobs from a no-grad training forward before the update (as verl "
+        "does) instead of the logged ones; logs flow/old_logprob_gap.",
+        False,
+    )
     # TRL's fields with the flow's defaults and meaning
+    disable_dropout: bool = _help("No dropout in training: rollouts sample without it.", True)
     num_generations: int | None = _help("G, rollouts per question (paper: 8).", 8)
     temperature: float = _help("Planner sampling temperature, of rollouts and of TRL.", 0.7)
     max_completion_length: int | None = _help("Planner tokens per turn (paper: 2048).", 512)
     per_device_train_batch_size: int | None = _help(  # type: ignore[assignment]
-        "Rows per update and process; default (and, until micro-batching, the only value): "
-        "questions_per_step x num_generations.",
+        "Rollouts per micro-step and process, and the most rows (one per planner turn) a "
+        "forward and backward pass takes. per_device_train_batch_size x steps_per_generation "
+        "must be questions_per_step x num_generations; default: that divided by "
+        "steps_per_generation (default gradient_accumulation_steps, so one update per step).",
         None,
     )
     output_dir: str | None = _help("Where checkpoints, logs and the final policy go.", "runs/train")
@@ -123,17 +132,17 @@ class FlowGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        check_values(self)  # types, choices and ranges first, each error naming its key
         self._check_flow()
         self._check_supported()
-        group = int(self.num_generations or 0)
-        if self.per_device_train_batch_size is None:
-            self.per_device_train_batch_size = self.questions_per_step * group
-        elif self.per_device_train_batch_size != self.questions_per_step * group:
-            raise ValueError(
-                f"per_device_train_batch_size={self.per_device_train_batch_size} is not "
-                f"questions_per_step x num_generations = {self.questions_per_step * group}: "
-                "micro-batching is not supported yet; leave per_device_train_batch_size unset"
-            )
+        self.per_device_train_batch_size, self.steps_per_generation = resolve_batching(
+            self.questions_per_step * int(self.num_generations or 0),
+            self.per_device_train_batch_size,
+            self.steps_per_generation,
+            self.gradient_accumulation_steps,
+        )
+        if self.mode == "official" and self.delta is None:
+            self.delta = OFFICIAL_DUAL_CLIP  # verl's dual clip, in TRL's terms
         if self.tools is not None:  # `--tools a,b` as well as `--tools a b`
             self.tools = [t.strip() for item in self.tools for t in item.split(",") if t.strip()]
         import torch
@@ -142,10 +151,6 @@ class FlowGRPOConfig(GRPOConfig):
         if self.bf16 is None:
             self.bf16 = not self.use_cpu and not self.fp16
         super().__post_init__()  # type: ignore[no-untyped-call]
-        if self.scale_rewards not in ("group", "batch", "none"):
-            raise ValueError(
-                f"scale_rewards must be group, batch or none, got {self.scale_rewards!r}"
-            )
 
     def _check_flow(self) -> None:
         if self.trajectories and (self.benchmark or self.data):
@@ -165,11 +170,6 @@ class FlowGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"loss_type={self.loss_type!r}: Flow-GRPO needs loss_type 'dapo'; the weighting "
                 "mode ('paper', 'official', 'sequence') sets the normalisation"
-            )
-        if self.steps_per_generation not in (None, 1):
-            raise ValueError(
-                f"steps_per_generation={self.steps_per_generation} is not supported yet: one "
-                "generation batch is one update, as in the paper"
             )
         for name, (default, why) in UNSUPPORTED.items():
             if getattr(self, name) != default:
@@ -201,21 +201,31 @@ def check_settings(args: GRPOConfig, context: Context, questions: int, *, offlin
             f"{context.planner_temperature}: the logged logprobs would not be the old policy's; "
             "set both to the same value"
         )
+    budget = args.max_completion_length  # offline: no rollouts; longer rows are cut, counted
+    if not offline and budget is not None and budget != context.planner_max_new_tokens:
+        raise ValueError(
+            f"max_completion_length {budget} differs from the planner's budget "
+            f"(planner_max_new_tokens {context.planner_max_new_tokens}): both are the tokens a "
+            "planner turn may have, and a longer turn would be cut before training; set both "
+            "to the same value"
+        )
     if args.loss_type != "dapo":
         raise ValueError(
             "FlowGRPOTrainer needs loss_type='dapo': the Flow-GRPO weighting "
             "mode ('paper', 'official', 'sequence') sets the normalisation"
         )
-    if args.gradient_accumulation_steps != 1 or args.steps_per_generation != 1:
+    check_trainer_batching(args)
+    if args.scale_rewards == "batch" and args.world_size > 1:
         raise ValueError(
-            "set gradient_accumulation_steps=1 and steps_per_generation=1: one "
-            "generation batch is one update, as in the paper"
+            "scale_rewards='batch' under several processes is not supported yet: each "
+            "process would divide by its own batch's std; use 'group' or 'none'"
         )
-    per_step = args.per_device_train_batch_size // max(int(args.num_generations or 1), 1)
+    rollouts = args.per_device_train_batch_size * int(args.steps_per_generation or 1)
+    per_step = rollouts // max(int(args.num_generations or 1), 1)
     if questions < per_step:
         raise ValueError(
-            f"each step takes {per_step} questions (batch {args.per_device_train_batch_size} "
-            f"/ num_generations {args.num_generations}) but only {questions} "
+            f"each step takes {per_step} questions ({rollouts} rollouts per process / "
+            f"num_generations {args.num_generations}) but only {questions} "
             f"{'groups' if offline else 'questions'} were given; lower "
             "questions_per_step or give more data"
         )

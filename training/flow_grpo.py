@@ -8,19 +8,24 @@ Why it looks like this:
 3. `token_weight` carries the loss normalisation of each mode, so the trainer only has to sum
    token_weight * per-token objective; for `paper` (Eq. 10) each question weighs 1/Q, each of
    its G trajectories 1/G, each of a trajectory's T_i turns 1/T_i and each of a turn's |a|
-   tokens 1/|a|, so a long trajectory never outweighs a short one.
+   tokens 1/|a|, so a long trajectory never outweighs a short one. The advantages and weights
+   of each mode are computed in `flowlearn.training.weights`.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from flowlearn.nodes.schema.records import Transition, token_faithful
+from flowlearn.nodes.schema.records import Transition
+from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.training.provenance import drop_groups, group_trajectories, kept_turns, with_rows
 from flowlearn.training.trajectory import Trajectory
+from flowlearn.training.weights import advantages as _advantages
+from flowlearn.training.weights import assign_weights as _assign_weights
+from flowlearn.training.weights import std as _std
 
 Mode = Literal["paper", "official", "sequence"]
 Scale = Literal["group", "batch", "none"]
@@ -44,6 +49,9 @@ class FlowGRPORow:
     """The loss weight of each token of this turn under the chosen mode."""
     reward: float
     node: str = "planner"
+    position: int = 0
+    """The turn's 0-based index among its trajectory's kept turns: its identity in the
+    trajectory, since two nodes may carry tokens in the same turn."""
 
 
 @dataclass(frozen=True)
@@ -67,23 +75,6 @@ class FlowGRPOBatch:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _std(values: Sequence[float]) -> float:
-    """Return the population standard deviation (ddof=0; TRL uses the unbiased one)."""
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-
-
-def _check(transition: Transition) -> None:
-    if not token_faithful(transition):
-        raise ValueError(
-            f"{transition['node']} transition of trajectory "
-            f"{transition.get('trajectory_id')!r} turn "
-            f"{transition['turn']} has no token ids/logprobs: its policy was a plain chat model "
-            "(inference only). Collect rollouts with HFPolicy (or another token-faithful "
-            "Policy) to train on them; text is never re-tokenised."
-        )
-
-
 def build_flow_grpo_rows(
     trajectories: Iterable[Trajectory],
     mode: Mode = "paper",
@@ -95,6 +86,7 @@ def build_flow_grpo_rows(
     max_prompt_length: int | None = None,
     max_completion_length: int | None = None,
     step_credit: StepCredit | None = None,
+    sampling: Sampling | None = None,
 ) -> FlowGRPOBatch:
     """Build Flow-GRPO rows from rewarded trajectories grouped by `group_id`.
 
@@ -112,29 +104,36 @@ def build_flow_grpo_rows(
         max_prompt_length: rows with longer prompts are dropped (counted in the stats).
         max_completion_length: longer completions are cut to this length (counted).
         step_credit: add GiGPO-style step-group advantages (see `StepCredit`); None = paper.
+        sampling: the trainer's sampling; a row recorded with another temperature, or with
+            processed logprobs under top-p < 1, is refused (`provenance.check_sampling`).
 
     Raises:
-        ValueError: unknown mode or scale, or a transition without token ids.
+        ValueError: unknown mode or scale, a transition without token ids, or one whose
+            recorded sampling does not match `sampling`.
 
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {MODES}")
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; use one of {SCALES}")
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for trajectory in trajectories:
-        groups[trajectory.group_id].append(trajectory)
-    stats: dict[str, Any] = {"groups": len(groups), "dropped_rows": 0, "cut_rows": 0}
-    turns = _kept_turns(groups, nodes, max_prompt_length, stats)
+    stats: dict[str, Any] = {"rows_cut": 0, "rows_dropped": 0, "trajectories_dropped": 0}
+    groups = group_trajectories(trajectories, stats)
+    stats["groups"] = len(groups)
+    turns = kept_turns(groups, nodes, max_prompt_length, sampling, stats)
     zero_variance = {g for g, m in groups.items() if len({t.total_reward for t in m}) == 1}
     stats["zero_variance_share"] = len(zero_variance) / len(groups) if groups else 0.0
     if drop_zero_variance:
-        groups = {g: m for g, m in groups.items() if g not in zero_variance}
+        groups = drop_groups(groups, zero_variance, turns, stats)
     advantages = _advantages(groups, turns, mode, scale, eps)
     rows = _rows(groups, turns, advantages, max_completion_length, stats)
     if step_credit is not None:
         stats["step_groups"] = _add_step_credit(rows, turns, groups, step_credit, eps)
-    _assign_weights(rows, groups, mode)
+    # A trajectory with no kept rows stays in the advantage statistics above: its reward is a
+    # sample of the policy's outcome on the question, and leaving it out would bias the
+    # baseline (over-long prompts that go with failures would raise the mean). It is left out
+    # of Eq. 10's G: it has no tokens to weigh, so counting it would only shrink the weight
+    # of the others and the question's total below 1/Q, as an empty question is left out of Q.
+    _assign_weights(rows, with_rows(groups, turns, stats), mode)
     members = [t for m in groups.values() for t in m]
     count = len(members) or 1  # the means of no trajectories are 0
     stats.update(
@@ -145,32 +144,6 @@ def build_flow_grpo_rows(
         trained_groups=len(groups),
     )
     return FlowGRPOBatch(rows, stats)
-
-
-def _kept_turns(
-    groups: dict[str, list[Trajectory]],
-    nodes: Sequence[str] | None,
-    max_prompt_length: int | None,
-    stats: dict[str, Any],
-) -> dict[str, list[Transition]]:
-    """Return each trajectory's trainable turns: filtered by node and prompt length (counted)."""
-    turns: dict[str, list[Transition]] = {}
-    for members in groups.values():
-        for trajectory in members:
-            kept = []
-            for transition in trajectory.transitions:
-                if nodes is None and transition.get("completion_ids") is None:
-                    continue
-                if nodes is not None and transition["node"] not in nodes:
-                    continue
-                _check(transition)
-                prompt = transition.get("prompt_ids") or []
-                if max_prompt_length and len(prompt) > max_prompt_length:
-                    stats["dropped_rows"] += 1
-                    continue
-                kept.append(transition)
-            turns[trajectory.trajectory_id] = kept
-    return turns
 
 
 def _rows(
@@ -184,14 +157,14 @@ def _rows(
     rows: list[FlowGRPORow] = []
     for group_id, members in groups.items():
         for trajectory in members:
-            for transition in turns[trajectory.trajectory_id]:
+            for position, transition in enumerate(turns[trajectory.trajectory_id]):
                 # Rows share the transitions' id lists (read-only downstream): no copies.
                 completion = transition.get("completion_ids") or []
                 logprobs = transition.get("logprobs") or []
                 if max_completion_length and len(completion) > max_completion_length:
                     completion = completion[:max_completion_length]
                     logprobs = logprobs[:max_completion_length]
-                    stats["cut_rows"] += 1
+                    stats["rows_cut"] += 1
                 rows.append(
                     FlowGRPORow(
                         trajectory_id=trajectory.trajectory_id,
@@ -204,37 +177,10 @@ def _rows(
                         token_weight=0.0,
                         reward=trajectory.total_reward,
                         node=transition["node"],
+                        position=position,
                     )
                 )
     return rows
-
-
-def _advantages(
-    groups: dict[str, list[Trajectory]],
-    turns: dict[str, list[Transition]],
-    mode: Mode,
-    scale: Scale,
-    eps: float,
-) -> dict[str, float]:
-    """A_i = (R_i - mean) / (std + eps) per trajectory; `official` pools the group's turns."""
-
-    def samples(members: list[Trajectory]) -> list[float]:
-        if mode == "official":  # every turn-sample counts once in the statistics
-            return [t.total_reward for t in members for _ in turns[t.trajectory_id]] or [
-                t.total_reward for t in members
-            ]
-        return [t.total_reward for t in members]
-
-    batch = [r for members in groups.values() for r in samples(members)]
-    batch_std = _std(batch) if batch else 0.0
-    out: dict[str, float] = {}
-    for members in groups.values():
-        values = samples(members)
-        mean = sum(values) / len(values)
-        denominator = {"group": _std(values) + eps, "batch": batch_std + eps, "none": 1.0}[scale]
-        for trajectory in members:
-            out[trajectory.trajectory_id] = (trajectory.total_reward - mean) / denominator
-    return out
 
 
 def _add_step_credit(
@@ -246,15 +192,10 @@ def _add_step_credit(
 ) -> int:
     """Add normalised discounted returns within step groups; return how many groups had > 1."""
     rewards = {t.trajectory_id: t.total_reward for m in groups.values() for t in m}
-    position = {
-        (tid, transition["turn"]): (index, len(kept))
-        for tid, kept in turns.items()
-        for index, transition in enumerate(kept, 1)
-    }
     returns: dict[tuple[str, tuple[int, ...]], list[tuple[FlowGRPORow, float]]] = defaultdict(list)
-    for row in rows:
-        index, total = position[(row.trajectory_id, row.turn)]
-        value = credit.gamma ** (total - index) * rewards[row.trajectory_id]
+    for row in rows:  # keyed by position: two nodes may share a turn number
+        remaining = len(turns[row.trajectory_id]) - 1 - row.position
+        value = credit.gamma**remaining * rewards[row.trajectory_id]
         returns[(row.group_id, tuple(row.prompt_ids))].append((row, value))
     shared = 0
     for members in returns.values():
@@ -266,32 +207,3 @@ def _add_step_credit(
         for row, value in members:
             row.advantage += credit.weight * (value - mean) / (std + eps)
     return shared
-
-
-def _assign_weights(
-    rows: list[FlowGRPORow], groups: dict[str, list[Trajectory]], mode: Mode
-) -> None:
-    """Set token weights so that sum(token_weight * objective) is the mode's objective."""
-    if not rows:
-        return
-    if mode == "official":  # token mean over the whole batch
-        tokens = sum(len(r.completion_ids) for r in rows)
-        for row in rows:
-            row.token_weight = 1.0 / tokens if tokens else 0.0
-        return
-    if mode == "sequence":
-        for row in rows:
-            row.token_weight = 1.0 / (len(rows) * max(len(row.completion_ids), 1))
-        return
-    rows_per_trajectory: dict[str, int] = defaultdict(int)
-    for row in rows:
-        rows_per_trajectory[row.trajectory_id] += 1
-    size = {group_id: len(members) for group_id, members in groups.items()}
-    questions = len({row.group_id for row in rows})
-    for row in rows:
-        row.token_weight = 1.0 / (
-            questions
-            * size[row.group_id]
-            * rows_per_trajectory[row.trajectory_id]
-            * max(len(row.completion_ids), 1)
-        )

@@ -3,9 +3,10 @@
 Every logging step appends one JSON line to `output_dir/metrics.jsonl` with TRL's own metrics
 (loss, entropy, KL, clip ratios, learning rate, step time) and the flow's (`flow/*`: mean
 reward, zero-variance group share, format-error rate, mean turns, completion length, rollout
-and update seconds) plus the mean reward of each group. On resume, lines past the checkpoint's
-step are dropped first, so the file never holds a step twice. The PNG is redrawn at every save
-and at the end.
+and update seconds, and what the batch left out: `rows_cut` to max_completion_length,
+`rows_dropped`, `trajectories_dropped`, `reward_errors`) plus the mean reward of each group.
+On resume, lines past the checkpoint's step are dropped first, so the file never holds a step
+twice. The PNG is redrawn at every save and at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from flowlearn.nodes.files import JsonlFile, write_atomically
+from flowlearn.training.provenance import DROPPED
 from flowlearn.training.trajectory import Trajectory
 
 METRICS_FILE = "metrics.jsonl"
@@ -56,8 +58,22 @@ def plot_reward_curve(records: list[dict[str, Any]], path: str | Path) -> Path |
         plt.close(figure)
 
 
-FLOW_STATS = ("mean_reward", "zero_variance_share", "rows", "tokens", "mean_turns")
-"""The `build_flow_grpo_rows` stats logged as `flow/<name>`."""
+FLOW_STATS = (
+    "mean_reward",
+    "zero_variance_share",
+    "rows",
+    "tokens",
+    "mean_turns",
+    "rows_cut",
+    "rows_dropped",
+    "trajectories_dropped",
+)
+"""The `build_flow_grpo_rows` stats logged as `flow/<name>`.
+
+`rows_cut`: completions cut to max_completion_length. `rows_dropped`: turns not trained on
+(prompt too long, a zero-variance group dropped, a policy call without token ids).
+`trajectories_dropped`: rollouts with no row trained on (those, or a dropped reward error).
+"""
 
 
 def flow_metrics(
@@ -77,8 +93,11 @@ def flow_metrics(
         sum(len(t.get("completion_ids") or []) for t in turns) / len(turns) if turns else 0.0
     )
     values["flow/rollout_seconds"] = seconds
+    values["flow/reward_errors"] = float(sum(t.reward_error is not None for t in trajectories))
     groups: dict[str, list[float]] = {}
     for trajectory in trajectories:
+        if trajectory.metadata.get(DROPPED):  # its reward of 0 was never trained on
+            continue
         groups.setdefault(trajectory.group_id, []).append(trajectory.total_reward)
     return values, {g: sum(r) / len(r) for g, r in groups.items()}
 

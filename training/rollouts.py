@@ -24,7 +24,9 @@ from flowlearn.nodes.policies.batching import BatchingPolicy
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.protocol import Policy
 from flowlearn.nodes.schema.context import Context
-from flowlearn.training.collect import RewardTerm, collect
+from flowlearn.training.collect import REWARD_ERROR_POLICIES, RewardTerm, collect
+from flowlearn.training.provenance import DROPPED
+from flowlearn.training.run_record import new_run_id
 from flowlearn.training.store import TrajectoryStore
 from flowlearn.training.trajectory import Trajectory
 
@@ -73,10 +75,17 @@ class Rollouts:
     """Rollouts in flight at once; their planner calls are decoded together in batches."""
     reward_errors: str = "zero"
     """A rollout whose scorer failed trains with reward 0 (`zero`) or is left out (`drop`)."""
+    run_id: str | None = field(default_factory=new_run_id)
+    """The training run's id, in every rollout's id and metadata; fresh per source unless set
+    (`training.run.train` sets the one persisted in output_dir, kept on resume)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"rollout_concurrency must be >= 1, got {self.concurrency}")
+        if self.reward_errors not in REWARD_ERROR_POLICIES:
+            raise ValueError(
+                f"unknown reward_errors {self.reward_errors!r}; use one of {REWARD_ERROR_POLICIES}"
+            )
 
     def questions(self) -> list[Case]:
         """Return the questions TRL samples from."""
@@ -92,11 +101,15 @@ class Rollouts:
         step: int,
         rank: int,
     ) -> list[Trajectory]:
-        """Roll each case out `group_size` times with `policy` as the planner, and reward it."""
+        """Roll each case out `group_size` times with `policy` as the planner, and reward it.
+
+        Under `reward_errors="drop"` a rollout whose reward failed comes back marked
+        `metadata[DROPPED]`, so the batch leaves it out and counts it in the metrics.
+        """
         live: Policy = policy
         if self.concurrency > 1:
             live = BatchingPolicy(policy, max_batch_size=self.concurrency)
-        return collect(
+        trajectories = collect(
             self.graph_factory(live),
             cases,
             self.scorer,
@@ -107,8 +120,12 @@ class Rollouts:
             progress=False,
             extra_rewards=self.extra_rewards,
             id_prefix=f"step{step}:",
-            reward_errors=self.reward_errors,
+            run_id=self.run_id,
         )
+        for trajectory in trajectories:
+            if self.reward_errors == "drop" and trajectory.reward_error is not None:
+                trajectory.metadata[DROPPED] = f"reward error: {trajectory.reward_error}"
+        return trajectories
 
 
 def agentflow_factory(engine: BaseChatModel, tools: Sequence[BaseTool]) -> Callable[[Policy], Any]:

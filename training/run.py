@@ -18,6 +18,8 @@ from flowlearn.training.checkpoints import last_complete_checkpoint
 from flowlearn.training.collect import format_penalty
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.flow_grpo import StepCredit
+from flowlearn.training.rollouts import Rollouts
+from flowlearn.training.run_record import ROLLOUTS_FILE, open_run, read_run
 from flowlearn.training.store import TrajectoryStore, load_trajectories
 from flowlearn.training.trainer import FlowGRPOTrainer
 
@@ -42,7 +44,16 @@ class TrainingParts:
 
 
 def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | None = None) -> Path:
-    """Train and return the folder of the final policy (loadable by `flowlearn run --planner`)."""
+    """Train and return the folder of the final policy (loadable by `flowlearn run --planner`).
+
+    Online, the run gets its id (`training.run_record`): a new one, or with `resume` (or a
+    checkpoint to resume from) the stored one, whose rollouts are then reused.
+
+    Raises:
+        ValueError: a fresh run in an `output_dir` holding stored rollouts, or a resumed run
+            with other rollout settings than its stored rollouts.
+
+    """
     common: dict[str, Any] = dict(
         args=config,
         context=config.context(),
@@ -64,7 +75,7 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
             scorer=parts.scorer,
             engine=parts.engine,
             tools=parts.tools,
-            rollout_store=TrajectoryStore(out / "rollouts.jsonl"),
+            rollout_store=TrajectoryStore(out / ROLLOUTS_FILE),
             reward_errors=config.reward_errors,
             handle=parts.handle,
             extra_rewards={"format_penalty": format_penalty(config.format_penalty)}
@@ -72,6 +83,7 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
             else None,
             **common,
         )
+        start_run(trainer, config, resuming=config.resume or resume_from is not None)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     return save_final(trainer, parts.tokenizer, out / "final", merge=parts.lora)
 
@@ -80,7 +92,9 @@ def resume_point(config: FlowGRPOConfig) -> Path | None:
     """Return the checkpoint to resume from, or None to start fresh.
 
     That is `resume_from_checkpoint` (TRL's option) if given, or with `resume` the last
-    complete checkpoint in `output_dir` (an error when there is none).
+    complete checkpoint in `output_dir`: an error when there is none, unless a run started
+    there and stopped before its first checkpoint (None: it resumes from its start, keeping
+    its run id and stored rollouts).
     """
     if config.resume and config.resume_from_checkpoint:
         raise ValueError("give resume or resume_from_checkpoint, not both")
@@ -89,12 +103,36 @@ def resume_point(config: FlowGRPOConfig) -> Path | None:
     if not config.resume:
         return None
     found = last_complete_checkpoint(str(config.output_dir))
+    if found is None and read_run(Path(str(config.output_dir))) is not None:
+        return None
     if found is None:
         raise ValueError(
             f"resume: no complete checkpoint in {config.output_dir}; "
             "run without --resume to start fresh"
         )
     return found
+
+
+def start_run(trainer: Any, config: FlowGRPOConfig, *, resuming: bool) -> str:
+    """Open the run record on the main process; give every process the run id (or its error).
+
+    One process decides, so ranks never disagree on the id; the others wait in the broadcast.
+    """
+    from accelerate.utils import broadcast_object_list
+
+    box: list[str | None] = [None, None]
+    if trainer.accelerator.is_main_process:
+        try:
+            box[0] = open_run(config, resuming=resuming)
+        except ValueError as exc:
+            box[1] = str(exc)
+    broadcast_object_list(box)
+    if box[1] is not None:
+        raise ValueError(box[1])
+    run_id = str(box[0])
+    if isinstance(trainer.source, Rollouts):
+        trainer.source.run_id = run_id
+    return run_id
 
 
 def cases_and_scorer(

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, cast
 
-import torch
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 from trl.trainer.grpo_config import GRPOConfig
@@ -37,7 +37,17 @@ from flowlearn.nodes.schema.context import Context
 from flowlearn.training.collect import RewardTerm
 from flowlearn.training.config import check_settings, context_from
 from flowlearn.training.flow_grpo import Mode, Scale, StepCredit, build_flow_grpo_rows
+from flowlearn.training.forward import recompute_old_logps, reference_logps
+from flowlearn.training.layout import Batching, step_tensors
 from flowlearn.training.metrics import FlowMetricsCallback, flow_metrics
+from flowlearn.training.micro import chunked_loss, next_piece
+from flowlearn.training.model_setup import (
+    frozen_reference,
+    install_reference,
+    reference_kept_from_trl,
+    upcast_trainable,
+    warn_on_dropout,
+)
 from flowlearn.training.rollouts import (
     Replay,
     Rollouts,
@@ -47,7 +57,6 @@ from flowlearn.training.rollouts import (
     unused_reward,
 )
 from flowlearn.training.store import TrajectoryStore
-from flowlearn.training.tensors import rows_to_tensors
 from flowlearn.training.trajectory import Trajectory
 
 __all__ = ["FlowGRPOTrainer", "cases_dataset", "unused_reward"]
@@ -69,6 +78,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         mode: Mode = "paper",
         drop_zero_variance: bool = False,
         step_credit: StepCredit | None = None,
+        recompute_old_logprobs: bool | None = None,
         **kwargs: Any,
     ) -> None:
         """Set up training from `source`; `online` and `offline` build it.
@@ -85,6 +95,9 @@ class FlowGRPOTrainer(GRPOTrainer):
             mode: the Flow-GRPO weighting mode (`build_flow_grpo_rows`).
             drop_zero_variance: drop groups whose rewards are all equal.
             step_credit: optional GiGPO-style step credit.
+            recompute_old_logprobs: take the old logprobs from a no-grad training forward
+                instead of the logged ones (verl's way); None: `args.recompute_old_logprobs`
+                (a `FlowGRPOConfig`), else off.
             **kwargs: passed to `GRPOTrainer` (e.g. `processing_class`, `callbacks`).
 
         Raises:
@@ -99,14 +112,23 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.model_handle: ModelHandle | None = None
         """The handle every policy over the trained model shares (set by `online`)."""
         self.mode, self.drop_zero_variance, self.step_credit = mode, drop_zero_variance, step_credit
+        recompute = recompute_old_logprobs
+        if recompute is None:  # a FlowGRPOConfig's field; off for a plain GRPOConfig
+            recompute = bool(getattr(args, "recompute_old_logprobs", False))
+        self.recompute_old_logprobs = recompute
         reward_funcs: Any = [unused_reward]
-        super().__init__(
-            model=model,
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=cases_dataset(questions),
-            **kwargs,
-        )
+        reference = frozen_reference(model, args.beta)  # before TRL patches it; as loaded
+        upcast_trainable(model)  # fp32 master weights; bf16=True autocasts the compute
+        warn_on_dropout(model, args.disable_dropout)
+        with reference_kept_from_trl(args, reference):  # TRL would rebuild it from disk
+            super().__init__(
+                model=model,
+                reward_funcs=reward_funcs,
+                args=args,
+                train_dataset=cases_dataset(questions),
+                **kwargs,
+            )
+        install_reference(self, reference)
         self.group_size = int(args.num_generations or 1)
         self.flow_args: GRPOConfig = args
         self.rollout_ended: float | None = None
@@ -228,18 +250,26 @@ class FlowGRPOTrainer(GRPOTrainer):
             drop_zero_variance=self.drop_zero_variance,
             max_completion_length=self.flow_args.max_completion_length,
             step_credit=self.step_credit,
+            sampling=self.flow_context.planner_sampling(),  # stored/offline rows checked
         )
         if not batch.rows:
             logger.warning(
-                "step %d has no rows to train on (%d rollouts, all dropped or without policy "
-                "turns): its update is skipped",
+                "step %d: this process has no rows to train on (%d rollouts, all dropped or "
+                "without policy turns); an update no process has rows for is skipped",
                 self.state.global_step,
                 len(trajectories),
             )
         tokenizer: Any = self.processing_class
-        output = rows_to_tensors(batch.rows, tokenizer.pad_token_id, self.accelerator.device)
-        if self.beta != 0.0:
-            output["ref_per_token_logps"] = self._reference_logps(output)
+        output = step_tensors(  # global weights, pieces, padding: `training/layout.py`
+            batch.rows,
+            self.mode,
+            Batching.of(self.args, self.accelerator.num_processes),
+            gather=self.accelerator.gather,
+            pad_token_id=tokenizer.pad_token_id,
+            device=self.accelerator.device,
+        )
+        if (reference := self._reference_logps(output)) is not None:
+            output["ref_per_token_logps"] = reference
         live: Any = self.model
         metrics = self._metrics["train" if live.training else "eval"]
         values, self.group_rewards = flow_metrics(
@@ -250,36 +280,15 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.rollout_ended = time.perf_counter()
         return output
 
-    def compute_loss(
-        self,
-        model: Any,
-        inputs: dict[str, Any],
-        return_outputs: bool = False,
-        num_items_in_batch: Any = None,
-    ) -> Any:
-        """TRL's loss, except a batch without trainable tokens, whose update is skipped.
+    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
+        return next_piece(self, generation_batch)  # TRL's, minus its shuffle: the layout's order
 
-        Its loss is a constant 0 that reaches no parameter, so no gradient is set and the
-        optimizer (AdamW skips parameters without one) changes nothing: no momentum step,
-        no weight decay. The step still counts, so the data order stays the same.
-        """
-        if int(inputs["completion_mask"].sum()) == 0 and self.accelerator.num_processes == 1:
-            self._metrics["train"]["flow/skipped_update"].append(1.0)
-            return torch.zeros((), device=self.accelerator.device, requires_grad=True)
-        self._metrics["train"]["flow/skipped_update"].append(0.0)
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+    def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """TRL's loss in chunks of rows (`micro.chunked_loss`); an empty update is skipped."""
+        return chunked_loss(self, model, inputs, partial(super().compute_loss, model))
 
     def _reference_logps(self, tensors: dict[str, Any]) -> Any:
-        ids = torch.cat([tensors["prompt_ids"], tensors["completion_ids"]], dim=1)
-        mask = torch.cat([tensors["prompt_mask"], tensors["completion_mask"]], dim=1)
-        keep = tensors["completion_ids"].size(1)
-        with torch.no_grad():
-            if self.ref_model is not None:
-                logps, _, _ = self._get_per_token_logps_and_entropies(
-                    self.ref_model, ids, mask, keep
-                )
-                return logps
-            model = self.accelerator.unwrap_model(self.model)
-            with model.disable_adapter():  # LoRA: the frozen base is the reference
-                logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask, keep)
-            return logps
+        """Recompute the old logprobs if asked; return the reference's (None at beta 0)."""
+        if self.recompute_old_logprobs:  # before any update of this batch, as verl does
+            recompute_old_logps(self, tensors)
+        return reference_logps(self, tensors) if self.beta != 0.0 else None

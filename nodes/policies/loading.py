@@ -94,6 +94,54 @@ def pick_device_and_dtype(device: str | None, dtype: str | None) -> tuple[str, A
     return chosen, resolved
 
 
+def model_location(
+    source: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None
+) -> tuple[str | Path, dict[str, Any]]:
+    """Return where `from_pretrained` finds `source` and the keywords it needs (a GGUF file's).
+
+    Raises:
+        ModelNotFoundError: a .gguf path that is no file, or no embedded default.
+
+    """
+    text = str(source) if source is not None else ""
+    if text.lower() in DEFAULT_SOURCES:
+        return default_model_dir(cache_dir), {}
+    if text.endswith(".gguf"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ModelNotFoundError(f"GGUF file {path} does not exist")
+        return path.parent, {"gguf_file": path.name}
+    return text, {}
+
+
+def parameter_count(
+    source: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None
+) -> int:
+    """Count a model's parameters from its config alone, without loading its weights.
+
+    The model is built on torch's meta device, so this costs the config read (a GGUF file's
+    header), not the weights: it lets a caller choose how to load them (training picks fp32
+    for full fine-tuning and a bf16 base under LoRA).
+
+    Raises:
+        ModelNotFoundError: no config at `source`.
+
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    location, kwargs = model_location(source, cache_dir)
+    try:
+        config = AutoConfig.from_pretrained(location, **kwargs)
+    except OSError as exc:
+        raise ModelNotFoundError(
+            f"could not read a model config from {str(source)!r}: {exc}"
+        ) from exc
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return int(model.num_parameters())
+
+
 def load_model_and_tokenizer(
     source: str | os.PathLike[str] | None = None,
     *,
@@ -119,16 +167,7 @@ def load_model_and_tokenizer(
 
     chosen, torch_dtype = pick_device_and_dtype(device, dtype)
     text = str(source) if source is not None else ""
-    kwargs: dict[str, Any] = {}
-    if text.lower() in DEFAULT_SOURCES:
-        location: str | Path = default_model_dir(cache_dir)
-    elif text.endswith(".gguf"):
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise ModelNotFoundError(f"GGUF file {path} does not exist")
-        location, kwargs = path.parent, {"gguf_file": path.name}
-    else:
-        location = text
+    location, kwargs = model_location(source, cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
         model: Any = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **kwargs)

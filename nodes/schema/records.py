@@ -59,6 +59,9 @@ class Transition(TypedDict):
     logprobs: NotRequired[list[float] | None]
     policy_version: NotRequired[str | None]
     sampling: NotRequired[dict[str, Any]]
+    """The call's `Sampling` (`temperature`, `top_p`, `max_new_tokens`, `seed`). A server policy
+    adds `logprobs_mode`: `processed` (after temperature and top-p) or `raw` (before both);
+    without it the logprobs are of the tempered full distribution, the one training scores."""
     notes: NotRequired[list[str]]
     """What the backend changed on the way, e.g. a prompt cut to fit the model's window."""
     trajectory_id: NotRequired[str]

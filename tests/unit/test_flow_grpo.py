@@ -79,7 +79,7 @@ def test_official_mode_hand_computed() -> None:
     batch = build_flow_grpo_rows(hand_group(), "official")
     pooled = [1, 0, 0, 0, 0, 0, 1, 1]  # turns [1, 3, 2, 2], each turn-sample carries its R
     mean = sum(pooled) / 8
-    std = math.sqrt(sum((r - mean) ** 2 for r in pooled) / 8)
+    std = math.sqrt(sum((r - mean) ** 2 for r in pooled) / 7)  # unbiased, as verl's torch.std
     rows = by_traj(batch.rows)
     assert rows["t0"][0].advantage == pytest.approx((1 - mean) / (std + EPS))
     assert rows["t1"][0].advantage == pytest.approx((0 - mean) / (std + EPS))
@@ -119,8 +119,9 @@ def test_lengths_nodes_and_refusals() -> None:
         hand_group(), "paper", max_completion_length=3, max_prompt_length=10
     )
     assert all(len(r.completion_ids) == len(r.old_logprobs) <= 3 for r in batch.rows)
-    assert batch.stats["cut_rows"] == 4 and batch.stats["dropped_rows"] == 0  # 4, 5, 6, 7
-    assert build_flow_grpo_rows(hand_group(), max_prompt_length=2).stats["dropped_rows"] == 8
+    assert batch.stats["rows_cut"] == 4 and batch.stats["rows_dropped"] == 0  # 4, 5, 6, 7
+    short = build_flow_grpo_rows(hand_group(), max_prompt_length=2).stats
+    assert (short["rows_dropped"], short["trajectories_dropped"], short["rows"]) == (8, 4, 0)
     both = build_flow_grpo_rows(hand_group(), nodes=("planner", "generator"))
     assert both.stats["rows"] == 12
     bad = hand_group()

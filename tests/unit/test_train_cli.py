@@ -54,9 +54,10 @@ def test_the_kl_is_the_papers_plain_k3_unless_asked() -> None:
 @pytest.mark.parametrize(
     ("option", "value"),
     [
-        ("gradient_accumulation_steps", "2"),
-        ("steps_per_generation", "2"),
+        ("gradient_accumulation_steps", "3"),  # 4 x 8 rollouts a step: not 3 micro-steps
+        ("steps_per_generation", "3"),
         ("per_device_train_batch_size", "3"),
+        ("per_device_train_batch_size", "8"),  # 4 micro-steps: accumulation or 4 updates?
         ("loss_type", "grpo"),
         ("top_k", "5"),
     ],
@@ -157,9 +158,16 @@ def test_train_checkpoint_resume_and_final_policy_runs(
     assert (out / "checkpoint-2").is_dir() and (out / "final" / "config.json").exists()
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    capsys.readouterr()
+    assert main(["train", "--config", str(config)]) == 2  # a fresh run over stored rollouts
+    assert "pass --resume to continue that run" in capsys.readouterr().err
     assert main(["train", "--config", str(config), "--max-steps", "3", "--resume"]) == 0
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
+    assert json.loads((out / "run.json").read_text())["run_id"] == run_id  # kept on resume
+    ids = [json.loads(line)["trajectory_id"] for line in (out / "rollouts.jsonl").open()]
+    assert len(ids) == 3 * 2 and all(i.endswith(f"@{run_id}") for i in ids)
     # The resumed run kept the data order: step by step, the same questions as a straight run.
     straight = tmp_path / "straight"
     assert (

@@ -1,0 +1,188 @@
+"""The KL reference is the model in memory at the start, never its checkpoint rebuilt from disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig
+from trl.trainer.callbacks import SyncRefModelCallback
+from trl.trainer.utils import add_fused_lm_head
+
+from flowlearn.graphs import Context
+from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.training.forward import forward_logps
+from flowlearn.training.trainer import FlowGRPOTrainer
+from flowlearn.training.trajectory import Trajectory, Transition
+
+CONTEXT = Context(max_turns=2, planner_temperature=0.7, planner_max_new_tokens=12)
+CASES = [
+    {"prompt": str(g), "case": f'{{"id": "{g}", "query": "q", "reference": null}}'}
+    for g in range(2)
+]
+
+
+def config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
+    values: dict[str, Any] = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_steps=1,
+        learning_rate=1e-2,  # large, so one step visibly moves the policy off the reference
+        temperature=0.7,
+        loss_type="dapo",
+        beta=0.1,
+        max_completion_length=12,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+        use_cpu=True,
+        seed=0,
+        bf16=False,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def sampled(policy: HFPolicy) -> list[Trajectory]:
+    """Two groups of two one-turn rollouts of `policy`, rewarded 1 for one of each pair."""
+    out = []
+    for g in range(2):
+        for i in range(2):
+            gen = policy.generate(
+                [{"role": "user", "content": f"q{g} {i}"}],
+                Sampling(temperature=0.7, max_new_tokens=12, seed=10 * g + i),
+            )
+            turn = Transition(
+                trajectory_id=f"{g}/{i}",
+                group_id=str(g),
+                node="planner",
+                turn=1,
+                messages=[],
+                output=gen.text,
+                parse_status="ok",
+                seconds=0.0,
+                prompt_ids=gen.prompt_ids,
+                completion_ids=gen.completion_ids,
+                logprobs=gen.logprobs,
+            )
+            out.append(
+                Trajectory(
+                    trajectory_id=f"{g}/{i}",
+                    group_id=str(g),
+                    question="q",
+                    reference="r",
+                    answer="a",
+                    final_text="a",
+                    reward=float(i == g),
+                    transitions=[turn],
+                )
+            )
+    return out
+
+
+def perturbed(folder: Path) -> Any:
+    """The tiny model with its weights changed after loading: memory no longer equals disk."""
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def test_the_reference_is_the_modified_model_in_memory(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = perturbed(tiny_model_dir)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = FlowGRPOTrainer.offline(
+        model,
+        args=config(tmp_path),
+        trajectories=sampled(HFPolicy(model, tokenizer)),
+        context=CONTEXT,
+        processing_class=tokenizer,
+    )
+    reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+    assert reference is not model and trainer.beta == 0.1 == trainer.args.beta
+    for name, value in reference.state_dict().items():
+        assert torch.equal(value, start[name]), name  # the weights in memory, not on disk
+    batch = trainer._generate_and_score_completions(CASES)
+    mask = batch["completion_mask"].bool()
+    policy = forward_logps(trainer, trainer.model, batch)
+    assert torch.equal(batch["ref_per_token_logps"][mask], policy[mask])  # KL 0 at step 0
+
+    trainer.train()
+    assert not torch.equal(model.state_dict()["lm_head.weight"], start["lm_head.weight"])
+    for name, value in reference.state_dict().items():
+        assert torch.equal(value, start[name]), name  # frozen while the policy moved
+    assert not any(p.requires_grad for p in reference.parameters())
+    after = trainer._generate_and_score_completions(CASES)  # rows in a new order
+    mask = after["completion_mask"].bool()
+    started = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    started.load_state_dict(start)  # the model as training started, built independently
+    add_fused_lm_head(started, temperature=0.7)
+    expected = forward_logps(trainer, started, after)
+    assert torch.allclose(after["ref_per_token_logps"][mask], expected[mask], atol=1e-6)
+    moved = forward_logps(trainer, trainer.model, after)
+    assert not torch.allclose(moved[mask], expected[mask], atol=1e-3)
+    logged = [h for h in trainer.state.log_history if "kl" in h]
+    assert logged and logged[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_model_whose_folder_is_gone_trains_with_beta(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    # As a GGUF planner (loaded from a file, no model folder) or a model built in memory.
+    model.config._name_or_path = str(tmp_path / "nowhere")
+    model.config.name_or_path = str(tmp_path / "nowhere")
+    before = model.lm_head.weight.detach().clone()
+    trainer = FlowGRPOTrainer.offline(
+        model,
+        args=config(tmp_path, max_steps=2, sync_ref_model=True, ref_model_sync_steps=1),
+        trajectories=sampled(HFPolicy(model, tokenizer)),
+        context=CONTEXT,
+        processing_class=tokenizer,
+    )
+    assert any(isinstance(c, SyncRefModelCallback) for c in trainer.callback_handler.callbacks)
+    trainer.train()
+    assert not torch.equal(model.lm_head.weight, before)
+    assert [h["kl"] for h in trainer.state.log_history if "kl" in h]
+
+
+def test_under_lora_the_reference_is_the_base_without_a_copy(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    base = perturbed(tiny_model_dir)
+    data = sampled(HFPolicy(base, tokenizer))
+    model = get_peft_model(
+        base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)
+    )
+    trainer = FlowGRPOTrainer.offline(
+        model, args=config(tmp_path), trajectories=data, context=CONTEXT, processing_class=tokenizer
+    )
+    assert trainer.ref_model is None  # no second copy of the weights
+    batch = trainer._generate_and_score_completions(CASES)
+    mask = batch["completion_mask"].bool()
+    with model.disable_adapter():
+        plain = forward_logps(trainer, trainer.model, batch)
+    policy = forward_logps(trainer, trainer.model, batch)
+    # TRL copies a pretrained (here non-zero) adapter as "ref": the model as it started.
+    assert torch.allclose(batch["ref_per_token_logps"][mask], policy[mask], atol=1e-6)
+    assert not torch.allclose(plain[mask], policy[mask])

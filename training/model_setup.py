@@ -1,0 +1,132 @@
+"""Set the trained model up for TRL: fp32 trainable weights, dropout off, a KL reference in memory.
+
+Why:
+1. AdamW stepping bf16 weights loses every update below half the weight's last bit: at lr 1e-6
+   only 2.3% of a bf16 model's weights moved in 10 steps, against 100% in fp32. So trainable
+   weights are fp32 (the master weights) and `bf16=True` makes the compute bf16 under autocast,
+   the usual mixed-precision recipe. Frozen weights (a LoRA base, the reference) stay as loaded.
+2. TRL builds the KL reference with `from_pretrained(model.config._name_or_path)`: that fails
+   for a GGUF planner (no folder) and silently takes the on-disk checkpoint for a model changed
+   in memory. The reference here is a frozen copy of the model as it is when training starts;
+   under LoRA it is the model itself with its adapter switched off (or TRL's "ref" copy of a
+   pretrained adapter), so the weights are not held twice.
+3. Rollouts sample in eval mode, so their logged logprobs carry no dropout; a training forward
+   with dropout would not be the policy that sampled.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def upcast_trainable(model: Any) -> int:
+    """Cast trainable half-precision weights to fp32 in place; return how many were cast.
+
+    The tensors are swapped under the same parameters (`param.data`), so the model object,
+    its tied weights and every policy and handle built on it stay the same; the rollouts then
+    sample with the fp32 weights (the policy being trained, exactly).
+    """
+    if not isinstance(model, torch.nn.Module):
+        return 0  # a model id: TRL loads it, in fp32 unless `model_init_kwargs` say otherwise
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and param.is_floating_point() and param.element_size() < 4:
+            param.data = param.data.float()
+            cast += 1
+    if cast:
+        logger.info(
+            "%d trainable weight tensors were in half precision: cast to fp32 (master weights); "
+            "bf16=True computes in bf16 under autocast",
+            cast,
+        )
+    return cast
+
+
+def frozen_reference(model: Any, beta: float) -> Any | None:
+    """Return a frozen copy of `model` as it is now, to be the KL reference, or None.
+
+    None where no copy is needed: beta 0, a PEFT model (the adapter switch gives the
+    reference), or a model id that TRL loads itself (its reference is that same checkpoint).
+    Call it before TRL patches the model's forward, and before `upcast_trainable`, so a bf16
+    model gets a bf16 reference.
+    """
+    from accelerate.utils import is_peft_model
+
+    if beta == 0.0 or not isinstance(model, torch.nn.Module) or is_peft_model(model):
+        return None
+    reference = copy.deepcopy(model)
+    # A forward patched by an earlier trainer closes over the original model: drop it.
+    reference.__dict__.pop("forward", None)
+    reference.requires_grad_(False)
+    return reference.eval()
+
+
+@contextmanager
+def reference_kept_from_trl(args: Any, reference: Any | None) -> Iterator[None]:
+    """Hide beta (and `sync_ref_model`) from TRL's constructor while it runs, given a reference.
+
+    So TRL builds no reference from the model's folder; `install_reference` sets both back.
+    """
+    if reference is None:
+        yield
+        return
+    saved = args.beta, args.sync_ref_model
+    args.beta, args.sync_ref_model = 0.0, False
+    try:
+        yield
+    finally:
+        args.beta, args.sync_ref_model = saved
+
+
+def install_reference(trainer: Any, reference: Any | None) -> None:
+    """Give `trainer` the in-memory `reference`, set up as TRL sets up the one it builds."""
+    from trl.models.utils import prepare_deepspeed, prepare_fsdp
+    from trl.trainer.callbacks import SyncRefModelCallback
+    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+    args = trainer.args
+    trainer.beta = args.beta
+    if reference is None:
+        return
+    prepared: Any
+    if args.disable_dropout:
+        disable_dropout_in_model(reference)
+    if args.cast_lm_head_to_fp32:
+        reference.get_output_embeddings().float()
+    add_fused_lm_head(
+        reference,
+        temperature=trainer.temperature,
+        cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
+    )
+    if trainer.is_deepspeed_enabled:
+        prepared = prepare_deepspeed(reference, trainer.accelerator)
+    elif trainer.is_fsdp_enabled:
+        prepared = prepare_fsdp(reference, trainer.accelerator)
+    else:
+        prepared = trainer.accelerator.prepare_model(reference, evaluation_mode=True)
+    trainer.ref_model = prepared
+    if args.sync_ref_model:
+        sync = SyncRefModelCallback(ref_model=prepared, accelerator=trainer.accelerator)
+        trainer.add_callback(sync)
+
+
+def warn_on_dropout(model: Any, disable_dropout: bool) -> None:
+    """Warn when the model trains with dropout that its rollouts sampled without."""
+    if disable_dropout or not isinstance(model, torch.nn.Module):
+        return
+    active = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    if active:
+        logger.warning(
+            "%d dropout layers stay on in training (disable_dropout=False) while rollouts sample "
+            "without dropout, so the ratio to the logged logprobs is off by the dropout noise; "
+            "set disable_dropout=True (FlowGRPOConfig's default)",
+            len(active),
+        )
