@@ -1,5 +1,12 @@
 """A synthetic tool-choice task for the learning test: arithmetic needs `python`, capitals need
-`local_search`. The fixed engine is scripted and deterministic; only the planner learns."""
+`local_search`. The fixed engine is scripted and deterministic; only the planner learns.
+
+A rollout may take two turns: the scripted verifier says CONTINUE while the last tool result
+lacks what the question needs (python prints 'unknown' for a capital, a search finds no sum),
+and the generator answers from the last tool result only. So the right tool first answers in
+one turn, the wrong tool first can still be repaired in the second turn, and the wrong tool
+twice (or a format error) gives a wrong answer.
+"""
 
 from __future__ import annotations
 
@@ -23,19 +30,30 @@ CAPITALS = {
     "Egypt": "Cairo",
     "Peru": "Lima",
     "Chile": "Santiago",
-    "Kenya": "Nairobi",
     "Norway": "Oslo",
     "Greece": "Athens",
-    "Cuba": "Havana",
     "Poland": "Warsaw",
     "Austria": "Vienna",
+    "Sweden": "Stockholm",
+    "Canada": "Ottawa",
+    "Turkey": "Ankara",
+    # held out: in the corpus, in no training question
+    "Kenya": "Nairobi",
+    "Cuba": "Havana",
     "Ireland": "Dublin",
     "Portugal": "Lisbon",
+    "Hungary": "Budapest",
 }
+HELD_OUT_COUNTRIES = ["Kenya", "Cuba", "Ireland", "Portugal", "Hungary"]
+TRAIN_COUNTRIES = [c for c in CAPITALS if c not in HELD_OUT_COUNTRIES]
+TRAIN_NUMBERS = (2, 59)
+"""Training sums add numbers from 2 to 59 (totals up to 118)."""
+HELD_OUT_NUMBERS = (60, 99)
+"""Held-out sums add numbers from 60 to 99 (totals from 120): no number or total of training."""
 
 
 def write_corpus(path: Path) -> Path:
-    """One passage per country."""
+    """One passage per country, held-out ones included."""
     lines = [
         json.dumps(
             {"id": f"c{i}", "title": country, "text": f"{capital} is the capital of {country}."}
@@ -46,16 +64,23 @@ def write_corpus(path: Path) -> Path:
     return path
 
 
-def make_cases(n: int, seed: int, *, shuffle: bool = True) -> list[Case]:
+def make_cases(
+    n: int,
+    seed: int,
+    *,
+    shuffle: bool = True,
+    countries: list[str] = TRAIN_COUNTRIES,
+    numbers: tuple[int, int] = TRAIN_NUMBERS,
+) -> list[Case]:
     """Half arithmetic, half capital questions: shuffled, or alternating when not `shuffle`."""
     rng = random.Random(seed)
     cases = []
     for i in range(n):
         if i % 2 == 0:
-            a, b = rng.randint(2, 99), rng.randint(2, 99)
+            a, b = rng.randint(*numbers), rng.randint(*numbers)
             cases.append(Case(f"{seed}-{i}", f"What is {a} + {b}?", str(a + b)))
         else:
-            country = rng.choice(list(CAPITALS))
+            country = rng.choice(countries)
             cases.append(
                 Case(f"{seed}-{i}", f"What is the capital of {country}?", CAPITALS[country])
             )
@@ -64,8 +89,31 @@ def make_cases(n: int, seed: int, *, shuffle: bool = True) -> list[Case]:
     return cases
 
 
+def _last_step(prompt: str) -> str:
+    """The memory's last action or format error (not a verification), or ''."""
+    memory = prompt.split("Memory of previous steps:", 1)[-1]
+    blocks = re.split(r"\n(?=Step \d+)", memory)
+    steps = [b for b in blocks if b.lstrip().startswith("Step ") and "verification:" not in b]
+    return steps[-1] if steps else ""
+
+
+def _result(step: str) -> str:
+    return step.split("Result:", 1)[1] if "Result:" in step else ""
+
+
+def has_needed(question: str, result: str) -> bool:
+    """Whether a tool result holds what the question needs: its sum, or its country's capital."""
+    sums = re.findall(r"(\d+) \+ (\d+)", question)
+    if sums:
+        total = int(sums[0][0]) + int(sums[0][1])
+        return re.search(rf"\b{total}\b", result) is not None
+    country = re.search(r"capital of (\w+)", question)
+    return country is not None and f"is the capital of {country.group(1)}" in result
+
+
 def scripted_engine() -> FakeChatModel:
-    """Fill tool arguments from the question, always stop, answer from the last tool result."""
+    """Fill tool arguments from the question; continue while the last tool result lacks what
+    the question needs; answer from the last tool result."""
 
     def respond(messages: list[Any], tools: list[dict[str, Any]]) -> Any:
         prompt = str(messages[-1].content)
@@ -81,12 +129,13 @@ def scripted_engine() -> FakeChatModel:
                 args = {"query": text}
             return AIMessage("", tool_calls=[{"name": name, "args": args, "id": "1"}])
         if prompt.startswith("Judge whether"):
-            return "Conclusion: STOP"
+            found = has_needed(text, _result(_last_step(prompt)))
+            return "Conclusion: STOP" if found else "Conclusion: CONTINUE"
         if prompt.startswith("Answer the question"):
-            results = re.findall(r"Result: (.*)", prompt)
-            last = results[-1] if results else ""
-            passage = re.search(r"\(id: c\d+\) \w+\s*\n\s*(\w+) is the capital of", prompt)
-            answer = passage.group(1) if passage else last.strip()
+            result = _result(_last_step(prompt))
+            passage = re.search(r"\(id: c\d+\) \w+\s*\n\s*(\w+) is the capital of", result)
+            lines = result.strip().splitlines()
+            answer = passage.group(1) if passage else (lines[0].strip() if lines else "")
             return f"<answer>{answer}</answer>"
         return "Analysis: answer the question with one tool."
 

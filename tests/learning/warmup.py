@@ -10,11 +10,20 @@ from typing import Any
 from tiny_model import build_tiny_model
 
 TOOLS = ["python", "local_search"]
-FORMAT = "Sub-Goal: answer the question\nTool Name: {tool}"
-WORDS = [*TOOLS, "+", "capital"]
+FORMAT = "Sub-Goal: answer the question{filler}\nTool Name: {tool}"
+FILLERS = ["zork", "quux", "blip", "frob", "wug", "glim"]
+"""Filler words of the sub-goal, 0 to `MAX_FILLERS` of them: completion lengths vary."""
+MAX_FILLERS = 5
+WORDS = [*TOOLS, "+", "capital", *FILLERS]
 """Kept whole by the tokenizer. Its merges cross spaces, so the template becomes a few long
 tokens (a prompt is about 70), but the words a choice depends on must stay shared tokens:
 merged into the text around them, every held-out question would read as new tokens."""
+
+
+def planner_output(tool: str, rng: random.Random) -> str:
+    """`FORMAT` with a sub-goal of 0 to `MAX_FILLERS` random filler words."""
+    words = rng.choices(FILLERS, k=rng.randint(0, MAX_FILLERS))
+    return FORMAT.format(filler="".join(f" {w}" for w in words), tool=tool)
 
 
 def build_policy(folder: Path, texts: Sequence[str], seed: int) -> tuple[Any, Any]:
@@ -51,7 +60,8 @@ def warm_up_format(
     lr: float = 3e-3,
     seed: int = 0,
 ) -> None:
-    """Supervised steps on `FORMAT` with a random tool per example: the format, not the task."""
+    """Supervised steps on `FORMAT` with a random tool and filler per example: the format, not
+    the task."""
     import torch
 
     rng = random.Random(seed)
@@ -65,7 +75,7 @@ def warm_up_format(
             return_dict=False,
         )
         answer = tokenizer(
-            FORMAT.format(tool=rng.choice(TOOLS)) + "<|im_end|>", add_special_tokens=False
+            planner_output(rng.choice(TOOLS), rng) + "<|im_end|>", add_special_tokens=False
         )["input_ids"]
         ids = torch.tensor([list(prompt) + answer])
         labels = ids.clone()
