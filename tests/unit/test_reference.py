@@ -10,85 +10,21 @@ import pytest
 pytest.importorskip("trl")
 
 import torch
+from offline_setup import CASES, CONTEXT, sampled
+from offline_setup import config as offline_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import add_fused_lm_head
 
-from flowlearn.graphs import Context
 from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training.forward import forward_logps
 from flowlearn.training.trainer import FlowGRPOTrainer
-from flowlearn.training.trajectory import Trajectory, Transition
-
-CONTEXT = Context(max_turns=2, planner_temperature=0.7, planner_max_new_tokens=12)
-CASES = [
-    {"prompt": str(g), "case": f'{{"id": "{g}", "query": "q", "reference": null}}'}
-    for g in range(2)
-]
 
 
 def config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
-    values: dict[str, Any] = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=2,
-        steps_per_generation=1,
-        gradient_accumulation_steps=1,
-        max_steps=1,
-        learning_rate=1e-2,  # large, so one step visibly moves the policy off the reference
-        temperature=0.7,
-        loss_type="dapo",
-        beta=0.1,
-        max_completion_length=12,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
-        use_cpu=True,
-        seed=0,
-        bf16=False,
-    )
-    values.update(overrides)
-    return GRPOConfig(**values)
-
-
-def sampled(policy: HFPolicy) -> list[Trajectory]:
-    """Two groups of two one-turn rollouts of `policy`, rewarded 1 for one of each pair."""
-    out = []
-    for g in range(2):
-        for i in range(2):
-            gen = policy.generate(
-                [{"role": "user", "content": f"q{g} {i}"}],
-                Sampling(temperature=0.7, max_new_tokens=12, seed=10 * g + i),
-            )
-            turn = Transition(
-                trajectory_id=f"{g}/{i}",
-                group_id=str(g),
-                node="planner",
-                turn=1,
-                messages=[],
-                output=gen.text,
-                parse_status="ok",
-                seconds=0.0,
-                prompt_ids=gen.prompt_ids,
-                completion_ids=gen.completion_ids,
-                logprobs=gen.logprobs,
-            )
-            out.append(
-                Trajectory(
-                    trajectory_id=f"{g}/{i}",
-                    group_id=str(g),
-                    question="q",
-                    reference="r",
-                    answer="a",
-                    final_text="a",
-                    reward=float(i == g),
-                    transitions=[turn],
-                )
-            )
-    return out
+    """The shared offline config, with lr 1e-2 (one step visibly leaves the reference), beta 0.1."""
+    return offline_config(tmp_path, **{"learning_rate": 1e-2, "beta": 0.1, **overrides})
 
 
 def perturbed(folder: Path) -> Any:
