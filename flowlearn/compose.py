@@ -65,7 +65,8 @@ class FlowSpec:
     """Plan on an OpenAI-compatible server at this URL; `planner` names the served model."""
     device: str | None = None
     dtype: str | None = None
-    engine_max_new_tokens: int = 384
+    engine_max_new_tokens: int | None = None
+    """Token budget of every engine call; None: each engine role's own (`nodes.prompts`)."""
     corpus: str | None = None
     """JSONL corpus for `local_search`; None: the bundled world facts."""
     web: bool = False
@@ -80,6 +81,18 @@ class FlowSpec:
     python_isolation: Isolation = "bwrap"
     """How `python` runs model-written code: "bwrap" (the Linux sandbox, refused where the host
     cannot build it) or "none" (unisolated, with your user's rights: an explicit opt-in)."""
+
+    def __post_init__(self) -> None:
+        """Refuse an engine budget below one token.
+
+        Raises:
+            UsageError: `engine_max_new_tokens` below 1.
+
+        """
+        if self.engine_max_new_tokens is not None and self.engine_max_new_tokens < 1:
+            raise UsageError(
+                f"--engine-max-new-tokens must be >= 1, got {self.engine_max_new_tokens}"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> FlowSpec:

@@ -15,6 +15,12 @@ from typing import Any
 
 from flowlearn.compose import Flow, FlowSpec, UsageError, build_flow
 from flowlearn.graphs import Context
+from flowlearn.nodes.prompts import (
+    EXECUTOR_MAX_TOKENS,
+    GENERATOR_MAX_TOKENS,
+    QUERY_ANALYSIS_MAX_TOKENS,
+    VERIFIER_MAX_TOKENS,
+)
 
 __all__ = [
     "Flow",
@@ -69,7 +75,11 @@ def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int | None =
     models.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA if available)")
     models.add_argument("--dtype", help="float32, bfloat16, ... (default: bf16 on CUDA, else fp32)")
     models.add_argument(
-        "--engine-max-new-tokens", type=int, default=384, help="engine tokens per call (384)"
+        "--engine-max-new-tokens",
+        type=int,
+        help="engine tokens for every call (default: each role's own: "
+        f"query analysis {QUERY_ANALYSIS_MAX_TOKENS}, executor {EXECUTOR_MAX_TOKENS}, "
+        f"verifier {VERIFIER_MAX_TOKENS}, generator {GENERATOR_MAX_TOKENS})",
     )
     flow = parser.add_argument_group("flow (the run's Context)")
     by_name = {f.name: f for f in fields(Context)}

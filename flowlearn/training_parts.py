@@ -21,6 +21,7 @@ from flowlearn.nodes.policies import (
     load_model_and_tokenizer,
 )
 from flowlearn.nodes.policies.loading import parameter_count, pick_device_and_dtype
+from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.run import TrainingParts, cases_and_scorer
 
@@ -68,7 +69,11 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
         backend = HFPolicy.from_pretrained(
             spec.engine or spec.planner, device=device, cache_dir=spec.cache_dir
         )
-    parts.engine = HFChatModel(policy=backend, max_new_tokens=config.engine_max_new_tokens)
+    parts.engine = HFChatModel(
+        policy=backend,
+        max_new_tokens=ENGINE_MAX_TOKENS,
+        fixed_max_new_tokens=config.engine_max_new_tokens,
+    )
     parts.tools = build_tools(spec, parts.engine)
     parts.cases, parts.scorer = data
     return parts

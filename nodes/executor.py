@@ -18,7 +18,11 @@ from pydantic import BaseModel, ValidationError, create_model
 
 from flowlearn.nodes.catalogue import describe_tool, tool_arguments
 from flowlearn.nodes.messages import to_langchain
-from flowlearn.nodes.prompts import EXECUTOR_JSON_FALLBACK_PROMPT, EXECUTOR_PROMPT
+from flowlearn.nodes.prompts import (
+    EXECUTOR_JSON_FALLBACK_PROMPT,
+    EXECUTOR_MAX_TOKENS,
+    EXECUTOR_PROMPT,
+)
 from flowlearn.nodes.render import (
     emit,
     prompt_messages,
@@ -98,7 +102,7 @@ def propose_arguments(
     Generated text is only ever parsed as data, never executed.
     """
     try:
-        bound = engine.bind_tools([tool], tool_choice=tool.name)
+        bound = engine.bind_tools([tool], tool_choice=tool.name, max_tokens=EXECUTOR_MAX_TOKENS)
     except (NotImplementedError, TypeError, ValueError):
         bound = None
     if bound is not None:
@@ -112,7 +116,7 @@ def propose_arguments(
         schema = json.dumps(tool_arguments(tool), ensure_ascii=False)
         ask = EXECUTOR_JSON_FALLBACK_PROMPT.format(tool=tool.name, schema=schema)
         fallback = [*messages, {"role": "user", "content": ask}]
-        text = engine.invoke(to_langchain(fallback)).text
+        text = engine.invoke(to_langchain(fallback), max_tokens=EXECUTOR_MAX_TOKENS).text
     arguments = _first_json_object(text) or _single_argument_fallback(tool, text)
     return arguments, text, "ok" if arguments is not None else "format_error"
 

@@ -1,4 +1,11 @@
-"""The generator: writes the final answer from memory and extracts it from its tags."""
+"""The generator: writes the final answer from memory and extracts it from its tags.
+
+The engine is called with the stop string `</answer>`, so the reply ends with the answer
+instead of running on to its budget; a chat model drops the stop string from its text (as
+LangChain's `stop` means), and the generator puts it back when the reply says it stopped
+there. Without a complete tag pair the answer comes from a fallback (`parsing.read_answer`),
+and the transition's notes say which.
+"""
 
 from __future__ import annotations
 
@@ -8,36 +15,67 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph.types import RetryPolicy
 
-from flowlearn.nodes.parsing import extract_answer
-from flowlearn.nodes.prompts import GENERATOR_PROMPT
-from flowlearn.nodes.render import call_engine, emit, engine_call, memory_prompt, transition
+from flowlearn.nodes.parsing import read_answer
+from flowlearn.nodes.policies.engine_calls import EngineReply, role_call
+from flowlearn.nodes.prompts import ANSWER_STOP, GENERATOR_MAX_TOKENS, GENERATOR_PROMPT
+from flowlearn.nodes.render import emit, memory_prompt, transition
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.records import ParseStatus
 from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
     from langgraph.runtime import Runtime
 
+_STOPPED = {"stop", "stop_sequence"}
+"""Finish reasons of a call that ended on its own or at a stop string, not at a budget."""
+
+
+def closed_reply(reply: EngineReply) -> str:
+    """Return the reply's text with the `</answer>` it stopped at put back.
+
+    A model that names the stop string it ended at (`stop_sequence`) is taken at its word; one
+    that only says it stopped (OpenAI's `finish_reason: "stop"`) had its tag removed when its
+    text ends inside an open `<answer>`. A reply cut by its budget or a repetition keeps its
+    open tag, and the answer is then a fallback.
+    """
+    text = reply.text
+    if reply.stop_sequence == ANSWER_STOP:
+        return text + ANSWER_STOP
+    opening, closing = text.lower().rfind("<answer>"), text.lower().rfind(ANSWER_STOP)
+    if reply.finish_reason in _STOPPED and opening > closing and text[opening + 8 :].strip():
+        return text + ANSWER_STOP
+    return text
+
 
 def make_generator(
     engine: BaseChatModel, *, retry: RetryPolicy | None = ENGINE_RETRY
 ) -> Callable[..., dict[str, Any]]:
     """Build the generator node over the fixed engine, its calls retried per `retry`."""
-    ask = engine_call(engine, retry)
+    ask = role_call(engine, retry, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP])
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         messages = memory_prompt(GENERATOR_PROMPT, state)
-        text, seconds, error = call_engine(ask, messages)
-        answer, tagged = extract_answer(text)
-        if error is not None:
-            text, answer, tagged = error, "", False
-        emit(runtime, {"event": "answer", "answer": answer, "tagged": tagged})
+        reply = ask(messages)
+        text = reply.error if reply.error is not None else closed_reply(reply)
+        read = read_answer(text if reply.error is None else "")
+        notes = reply.notes
+        if reply.error is None and read.fallback:
+            notes = [*notes, f"answer from a fallback: {read.source} (no complete answer tags)"]
+        tagged = not read.fallback
+        emit(
+            runtime,
+            {"event": "answer", "answer": read.answer, "tagged": tagged, "source": read.source},
+        )
         started = state.get("started_at")
         turn = state.get("turn", 0)
+        status: ParseStatus = (
+            "error" if reply.error else "no_answer_tags" if read.fallback else "ok"
+        )
         return {
             "final_text": text,
-            "answer": answer,
+            "answer": read.answer,
             "termination": state.get("termination"),
             "seconds": round(time.time() - started, 6) if started is not None else 0.0,
             "transitions": [
@@ -46,8 +84,9 @@ def make_generator(
                     turn,
                     messages,
                     text,
-                    "error" if error else "ok" if tagged else "no_answer_tags",
-                    seconds,
+                    status,
+                    reply.seconds,
+                    **({"notes": notes} if notes else {}),
                 )
             ],
         }

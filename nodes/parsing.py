@@ -164,19 +164,69 @@ def parse_verdict(text: str) -> tuple[Literal["STOP", "CONTINUE"], bool]:
 # ("<answer>42" with no closing tag) cannot swallow the generator's own `<answer>391</answer>`.
 _ANSWER = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.IGNORECASE | re.DOTALL)
 _OPEN_ANSWER = re.compile(r"<answer>((?:(?!<answer>).)*)$", re.IGNORECASE | re.DOTALL)
+_OPEN_TAG = re.compile(r"<answer>", re.IGNORECASE)
+# "The answer is X", "The final answer is: X", "Answer: X", "**Answer** = X" as a line's last
+# statement; X runs to the end of the line.
+_ANSWER_LINE = re.compile(
+    r"(?:^[\s*_#>`\-]*|[.!?]\s+|\b(?:the|my)\s+)(?:final\s+)?answer"
+    r"(?:\s+is\b[\s*_`]*:?|[\s*_`]*[:=])\s*(\S.*)$",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+AnswerSource = Literal["tags", "open_tag", "answer_line", "last_line", "none"]
 
 
-def extract_answer(text: str) -> tuple[str, bool]:
-    """Return the text of the last complete `<answer>...</answer>` and whether tags were found.
+@dataclass(frozen=True)
+class AnswerRead:
+    """The answer read from a generator's reply, and where in the reply it was found."""
 
-    Without a complete pair, what follows the last `<answer>` is the answer; without tags the
-    whole text is.
+    answer: str
+    source: AnswerSource
+    """`tags`: the last complete `<answer>...</answer>` pair. The fallbacks, in order:
+    `open_tag` (an opening tag and the text after it up to the end, as a budget cut leaves it),
+    `answer_line` (the last "The answer is X" / "Answer: X" line, X trimmed), `last_line` (the
+    last non-empty line, trimmed), `none` (an empty reply)."""
+
+    @property
+    def fallback(self) -> bool:
+        """Whether the answer came from a fallback rather than a complete tag pair."""
+        return self.source != "tags"
+
+
+def _trim(value: str) -> str:
+    """Trim a fallback's answer: whitespace, markdown dressing, quotes, a final full stop."""
+    dressing = "*_`\"' \t"
+    return value.strip(dressing).removesuffix(".").strip(dressing).removesuffix(".").strip()
+
+
+def read_answer(text: str) -> AnswerRead:
+    r"""Read the answer from a generator's reply: its tags, else the fallbacks of `AnswerRead`.
+
+    Only the generator's own reply is ever passed here, never its prompt, so text quoted from
+    a tool result cannot count; inside the reply, a fragment such as `<answer>42` before a
+    complete pair does not count either.
+
+    >>> read_answer("Kenya's capital.\nThe answer is: **Nairobi**.")
+    AnswerRead(answer='Nairobi', source='answer_line')
     """
     text = text if isinstance(text, str) else str(text)
     tagged = _ANSWER.findall(text)
     if tagged:
-        return tagged[-1].strip(), True
+        return AnswerRead(tagged[-1].strip(), "tags")
     opened = _OPEN_ANSWER.search(text)
-    if opened:
-        return opened.group(1).strip(), True
-    return text.strip(), False
+    if opened and opened.group(1).strip():
+        return AnswerRead(opened.group(1).strip(), "open_tag")
+    lines = [line for line in _OPEN_TAG.sub("", text).splitlines() if line.strip()]
+    for line in reversed(lines):
+        stated = list(_ANSWER_LINE.finditer(line))
+        if stated and _trim(stated[-1].group(1)):
+            return AnswerRead(_trim(stated[-1].group(1)), "answer_line")
+    if lines:
+        return AnswerRead(_trim(lines[-1]) or lines[-1].strip(), "last_line")
+    return AnswerRead("", "none")
+
+
+def extract_answer(text: str) -> tuple[str, bool]:
+    """Return `read_answer`'s answer and whether it came from answer tags (complete or open)."""
+    read = read_answer(text)
+    return read.answer, read.source in ("tags", "open_tag")

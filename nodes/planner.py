@@ -11,12 +11,11 @@ from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
+from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.policies.protocol import Policy
-from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
+from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_MAX_TOKENS, QUERY_ANALYSIS_PROMPT
 from flowlearn.nodes.render import (
-    call_engine,
     emit,
-    engine_call,
     policy_transition,
     prompt_messages,
     render_memory,
@@ -133,16 +132,23 @@ def make_planner(
     """
     tools = list(tools)
     generate = retrying(policy.generate, retry)
-    ask = engine_call(analysis_engine, retry) if analysis_engine is not None else None
+    ask = None
+    if analysis_engine is not None:
+        ask = role_call(analysis_engine, retry, max_tokens=QUERY_ANALYSIS_MAX_TOKENS)
 
     def analyze(question: str, catalogue: str, sampling: Sampling) -> tuple[str, dict[str, Any]]:
         messages = prompt_messages(QUERY_ANALYSIS_PROMPT.format(question=question, tools=catalogue))
         if ask is not None:
-            text, seconds, error = call_engine(ask, messages)
-            if error is not None:
-                record = transition("query_analysis", 0, messages, error, "error", seconds)
-                return f"(no query analysis: {error})", dict(record)
-            return text, dict(transition("query_analysis", 0, messages, text, "ok", seconds))
+            reply = ask(messages)
+            if reply.error is not None:
+                record = transition(
+                    "query_analysis", 0, messages, reply.error, "error", reply.seconds
+                )
+                return f"(no query analysis: {reply.error})", dict(record)
+            record = transition(
+                "query_analysis", 0, messages, reply.text, "ok", reply.seconds, **reply.record()
+            )
+            return reply.text, dict(record)
         gen = generate(messages, sampling)
         return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))
 

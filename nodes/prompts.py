@@ -1,4 +1,4 @@
-"""Every prompt template of the flow, in one place.
+"""Every prompt template of the flow, and each engine reply's token budget, in one place.
 
 The planner's templates are part of the training distribution: rollouts, evals and serving all
 render them from here, so a trained planner sees at inference exactly what it saw in training.
@@ -94,3 +94,19 @@ Explain briefly how the memory leads to the answer, then give the final answer b
 <answer> and </answer>, with nothing else inside the tags."""
 
 EMPTY_MEMORY = "(no steps yet)"
+
+# Each engine role's reply budget, in new tokens: what its job needs, measured on the embedded
+# SmolLM2 (bench/engine_budgets.py), with room to spare. `--engine-max-new-tokens` (the
+# engine's `fixed_max_new_tokens`) overrides them all.
+QUERY_ANALYSIS_MAX_TOKENS = 192
+"""The query analysis: a few sentences on the goal, skills and tools."""
+EXECUTOR_MAX_TOKENS = 128
+"""The executor's tool call: one JSON object of arguments."""
+VERIFIER_MAX_TOKENS = 192
+"""The verifier: a short analysis and its `Conclusion:` line."""
+GENERATOR_MAX_TOKENS = 256
+"""The generator: a brief explanation and the tagged answer."""
+ENGINE_MAX_TOKENS = 384
+"""Any other engine call (the `generalist` and `python_coder` tools): a budget of its own."""
+ANSWER_STOP = "</answer>"
+"""The generator's stop string: its reply ends with its answer."""

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.parsing import parse_verdict
-from flowlearn.nodes.prompts import VERIFIER_PROMPT
-from flowlearn.nodes.render import call_engine, emit, engine_call, memory_prompt, transition
+from flowlearn.nodes.policies.engine_calls import role_call
+from flowlearn.nodes.prompts import VERIFIER_MAX_TOKENS, VERIFIER_PROMPT
+from flowlearn.nodes.render import emit, memory_prompt, transition
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.state import State
@@ -23,12 +24,13 @@ def make_verifier(
     engine: BaseChatModel, *, retry: RetryPolicy | None = ENGINE_RETRY
 ) -> Callable[..., dict[str, Any]]:
     """Build the verifier node over the fixed engine, its calls retried per `retry`."""
-    ask = engine_call(engine, retry)
+    ask = role_call(engine, retry, max_tokens=VERIFIER_MAX_TOKENS)
 
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         turn = state.get("turn", 0)
         messages = memory_prompt(VERIFIER_PROMPT, state)
-        text, seconds, error = call_engine(ask, messages)
+        reply = ask(messages)
+        text, seconds, error = reply.text, reply.seconds, reply.error
         verdict, clear = parse_verdict(text)
         if error is not None:  # no judgement to be had: go on to the answer
             text, verdict, clear = error, "STOP", False
@@ -45,6 +47,7 @@ def make_verifier(
                     text,
                     "error" if error else "ok" if clear else "unclear",
                     seconds,
+                    **reply.record(),
                 )
             ],
         }

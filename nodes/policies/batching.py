@@ -3,11 +3,12 @@
 RL on agent flows spends most of its time generating. With G rollouts of Q questions in flight
 (threads or asyncio), `BatchingPolicy` queues each `generate` call and decodes up to
 `max_batch_size` of them together in one KV-cached loop (`BatchDecoder`), each with its own
-temperature, top-p, seed, token budget and stop at EOS. The loop is continuous: a request that
-finishes leaves the batch and returns at once, and requests that arrive meanwhile join it at
-the next step. Each request gets back exactly what a single call logs: its prompt ids, the ids
-it sampled and `log_softmax(logits / temperature)` of each (temperature 1 for greedy). A
-request that fails (a bad prompt, a sampler that raises) fails alone.
+temperature, top-p, seed, token budget, stop at EOS and stop watch (stop strings, repetition).
+The loop is continuous: a request that finishes leaves the batch and returns at once, and
+requests that arrive meanwhile join it at the next step. Each request gets back exactly what a
+single call logs: its prompt ids, the ids it sampled and `log_softmax(logits / temperature)` of
+each (temperature 1 for greedy). A request that fails (a bad prompt, a sampler that raises)
+fails alone.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from flowlearn.nodes.policies.decoding import BatchDecoder, Request, Running
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.policies.stops import StopWatch
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
 IDLE_EXIT_S = 5.0
@@ -103,25 +105,38 @@ class BatchingPolicy:
         return self.wrapped.encode_chat(messages)
 
     def generate(
-        self, messages: Messages, sampling: Sampling, *, streamer: Any = None
+        self,
+        messages: Messages,
+        sampling: Sampling,
+        *,
+        streamer: Any = None,
+        stopping: StopWatch | None = None,
     ) -> Generation:
-        """Queue one call and block until its batch is decoded; streaming calls run alone."""
+        """Queue one call and block until its batch is decoded; streaming calls run alone.
+
+        A `stopping` watch is checked after each of the call's tokens and ends its row alone.
+        """
         if streamer is not None:
-            return self.wrapped.generate(messages, sampling, streamer=streamer)
+            return self.wrapped.generate(messages, sampling, streamer=streamer, stopping=stopping)
         prompt_ids, notes = self.wrapped.fit_prompt(
             self.encode_chat(messages), sampling.max_new_tokens
         )
-        return self.submit(prompt_ids, sampling, notes).result()
+        return self.submit(prompt_ids, sampling, notes, stopping=stopping).result()
 
     def submit(
-        self, prompt_ids: list[int], sampling: Sampling, notes: Sequence[str] = ()
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        notes: Sequence[str] = (),
+        *,
+        stopping: StopWatch | None = None,
     ) -> Future[Generation]:
         """Queue a prompt given as token ids; its future resolves when it is decoded.
 
         An unseeded sampled request draws its seed here, on the caller's thread, from torch's
         global generator, so calls submitted in a fixed order sample repeatably.
         """
-        request = Request(list(prompt_ids), sampling, list(notes))
+        request = Request(list(prompt_ids), sampling, list(notes), watch=stopping)
         self._queue.put(request)
         self._ensure_worker()
         return request.future

@@ -2,7 +2,8 @@
 
 `BatchDecoder` reads arrived prompts (a group per shared prefix, then stacked onto the running
 KV cache, left-padded), picks each row's next token with its own sampling settings and
-generator, and returns each finished request's `Generation`, exactly what a single call logs.
+generator, ends a row at EOS, at its budget or when its stop watch fires, and returns each
+finished request's `Generation`, exactly what a single call logs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from flowlearn.nodes.policies import batch_ops
 from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.policies.stops import StopWatch
 from flowlearn.nodes.schema.sampling import Generation, Sampling
 
 
@@ -26,6 +28,8 @@ class Request:
     notes: list[str] = field(default_factory=list)
     future: Future[Generation] = field(default_factory=Future)
     generator: Any = None
+    watch: StopWatch | None = None
+    """Ends the request early on a stop string or a degenerate repetition (the engine's)."""
     completion: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     started: float = 0.0
@@ -136,7 +140,11 @@ class BatchDecoder:
         for j, (request, (token, logprob)) in enumerate(zip(rows, picked, strict=True)):
             request.completion.append(token)
             request.logprobs.append(logprob)
-            if token in stops or len(request.completion) >= request.sampling.max_new_tokens:
+            if (
+                token in stops
+                or len(request.completion) >= request.sampling.max_new_tokens
+                or (request.watch is not None and request.watch.update(request.completion))
+            ):
                 self._finish(request)
             else:
                 kept.append(j)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.policies.stops import StopWatch
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
 
@@ -21,8 +22,13 @@ class FrozenBasePolicy(HFPolicy):
         self._bind(policy.handle, f"{policy.version}:base", policy.context_window)
 
     def generate(
-        self, messages: Messages, sampling: Sampling, *, streamer: Any = None
+        self,
+        messages: Messages,
+        sampling: Sampling,
+        *,
+        streamer: Any = None,
+        stopping: StopWatch | None = None,
     ) -> Generation:
         """Generate with the adapter disabled."""
         with self.handle.lock, self.model.disable_adapter():
-            return super().generate(messages, sampling, streamer=streamer)
+            return super().generate(messages, sampling, streamer=streamer, stopping=stopping)

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 from flowlearn.nodes.policies.call_config import only_config
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.policies.loading import load_model_and_tokenizer
+from flowlearn.nodes.policies.stops import StopWatch
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
 logger = logging.getLogger(__name__)
@@ -32,9 +33,14 @@ class LocalPolicy(Protocol):
         ...
 
     def generate(
-        self, messages: Messages, sampling: Sampling, *, streamer: Any = None
+        self,
+        messages: Messages,
+        sampling: Sampling,
+        *,
+        streamer: Any = None,
+        stopping: StopWatch | None = None,
     ) -> Generation:
-        """Sample one completion; a transformers `streamer` gets its tokens as they come."""
+        """Sample one completion; a `streamer` gets its tokens, a `stopping` watch ends it."""
         ...
 
 
@@ -155,7 +161,12 @@ class HFPolicy:
         return prompt_ids[:head] + prompt_ids[-tail:], [note]
 
     def generate(
-        self, messages: Messages, sampling: Sampling, *, streamer: Any = None
+        self,
+        messages: Messages,
+        sampling: Sampling,
+        *,
+        streamer: Any = None,
+        stopping: StopWatch | None = None,
     ) -> Generation:
         """Sample one completion and return its text, ids and per-token logprobs.
 
@@ -163,6 +174,7 @@ class HFPolicy:
             messages: the chat, rendered here with the tokenizer's chat template.
             sampling: temperature, top_p, max_new_tokens and seed.
             streamer: an optional transformers streamer that receives tokens as they come.
+            stopping: an optional watch that ends the call early, as a `StoppingCriteria`.
 
         """
         import torch
@@ -201,6 +213,7 @@ class HFPolicy:
                 attention_mask=torch.ones_like(inputs),
                 generation_config=config,
                 streamer=streamer,
+                stopping_criteria=[stopping.criteria(len(prompt_ids))] if stopping else None,
             )
         completion = out.sequences[0, len(prompt_ids) :].tolist()
         completion = completion[: len(out.logits)]
@@ -256,7 +269,9 @@ def token_logprobs(logits: Any, token_ids: list[int], temperature: float) -> lis
     return [float(x) for x in picked.tolist()]
 
 
-def stream_text(policy: LocalPolicy, messages: Messages, sampling: Sampling) -> Iterator[str]:
+def stream_text(
+    policy: LocalPolicy, messages: Messages, sampling: Sampling, stopping: StopWatch | None = None
+) -> Iterator[str]:
     """Yield the decoded text of one completion piece by piece as the model writes it."""
     from transformers import TextIteratorStreamer
 
@@ -266,7 +281,9 @@ def stream_text(policy: LocalPolicy, messages: Messages, sampling: Sampling) -> 
 
     def run() -> None:
         try:
-            result["generation"] = policy.generate(messages, sampling, streamer=streamer)
+            result["generation"] = policy.generate(
+                messages, sampling, streamer=streamer, stopping=stopping
+            )
         except BaseException as exc:  # re-raised in the consumer's thread below
             result["error"] = exc
             streamer.end()

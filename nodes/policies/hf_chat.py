@@ -2,13 +2,15 @@
 
 langchain-huggingface's chat model cannot return token ids and rejects tool messages; this one
 shares the planner's backend (one model in memory), streams tokens, and supports tool calling
-with a JSON convention small local models can follow.
+with a JSON convention small local models can follow (`chat_tools`). It honours LangChain's
+standard call settings: `stop` (an argument, a field, or `.bind(stop=[...])`) ends the call at
+the first stop string, and `max_tokens` (or `max_new_tokens`) sets the call's budget; a
+degenerate repetition ends it too (`stops.RepetitionRule`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -27,13 +29,17 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
 
+from flowlearn.nodes.policies.chat_tools import (
+    TOOL_CALL_INSTRUCTIONS,
+    call_prefix,
+    parse_tool_calls,
+    salvage_forced_call,
+)
 from flowlearn.nodes.policies.hf import LocalPolicy, stream_text
-from flowlearn.nodes.schema.sampling import Messages, Sampling
+from flowlearn.nodes.policies.stops import RepetitionRule, StopWatch, held_back
+from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
-TOOL_CALL_INSTRUCTIONS = """\
-You can call these tools:
-{tools}
-To call a tool, reply with only a JSON object: {{"name": "<tool name>", "arguments": {{...}}}}"""
+__all__ = ["HFChatModel", "parse_tool_calls", "to_chat_dicts"]
 
 
 def to_chat_dicts(messages: Sequence[BaseMessage]) -> Messages:
@@ -58,47 +64,21 @@ def to_chat_dicts(messages: Sequence[BaseMessage]) -> Messages:
     return out
 
 
-def parse_tool_calls(
-    text: str, tools: Sequence[dict[str, Any]], tool_choice: str | None
-) -> list[dict[str, Any]]:
-    """Read `{"name", "arguments"}` JSON objects out of a reply; never raises.
-
-    With a forced `tool_choice`, a bare JSON object is taken as that tool's arguments.
-    """
-    decoder = json.JSONDecoder()
-    names = {t["function"]["name"] for t in tools}
-    calls: list[dict[str, Any]] = []
-    index = 0
-    while (start := text.find("{", index)) != -1:
-        try:
-            value, index = decoder.raw_decode(text, start)
-        except ValueError:
-            value, index = _close_json(text[start:]), start + 1
-            if value is None:
-                continue
-        if not isinstance(value, dict):
-            continue
-        name, args = value.get("name"), value.get("arguments", value.get("args"))
-        if isinstance(name, str) and name in names and isinstance(args, dict):
-            calls.append({"name": name, "args": args, "id": f"call_{len(calls)}"})
-        elif tool_choice in names and not calls:
-            calls.append({"name": tool_choice, "args": value, "id": "call_0"})
-    return calls
-
-
-def _close_json(fragment: str) -> Any:
-    """Parse a JSON object a model left unclosed (ran out of tokens, or stopped early)."""
-    decoder = json.JSONDecoder()
-    for closing in ("}", "}}", '"}', '"}}'):
-        try:
-            return decoder.raw_decode(fragment.rstrip().rstrip(",") + closing)[0]
-        except ValueError:
-            continue
-    return None
-
-
 class HFChatModel(BaseChatModel):
-    """Chat model over a `LocalPolicy` (`HFPolicy`, `BatchingPolicy`): greedy, as an engine."""
+    """Chat model over a `LocalPolicy` (`HFPolicy`, `BatchingPolicy`): greedy, as an engine.
+
+    A call's token budget is `fixed_max_new_tokens` when set (the CLI's
+    `--engine-max-new-tokens`), else the call's `max_tokens` (LangChain's standard name, e.g.
+    `.bind(max_tokens=128)`) or `max_new_tokens`, else the `max_new_tokens` field. Its stop
+    strings are the `stop` field's plus the call's.
+
+    The reply's `response_metadata` says how the call ended: `finish_reason` is "stop" (EOS,
+    a forced tool call's closed JSON, or a stop string, then named by `stop_sequence`),
+    "length" (the budget) or "repetition";
+    `notes` says the same in words for the node's transition. The text omits the stop string
+    and what follows it, as LangChain's `stop` means; `completion_ids` and `logprobs` are every
+    generated token, the last of which completes the stop string.
+    """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -106,6 +86,13 @@ class HFChatModel(BaseChatModel):
     temperature: float = 0.0
     top_p: float = 1.0
     max_new_tokens: int = 512
+    """The budget of a call that names none."""
+    fixed_max_new_tokens: int | None = None
+    """When set, every call's budget, whatever the call asked for."""
+    stop: list[str] | None = None
+    """Stop strings of every call, before the call's own."""
+    repetition: RepetitionRule | None = Field(default_factory=RepetitionRule)
+    """The degenerate-repetition rule that ends a call; None turns it off."""
 
     @property
     def _llm_type(self) -> str:
@@ -128,6 +115,24 @@ class HFChatModel(BaseChatModel):
             tool_choice = schemas[0]["function"]["name"]
         return self.bind(tools=schemas, tool_choice=tool_choice, **kwargs)
 
+    def budget(self, kwargs: dict[str, Any]) -> int:
+        """Return a call's token budget (see the class docstring for the order)."""
+        if self.fixed_max_new_tokens is not None:
+            return self.fixed_max_new_tokens
+        asked = kwargs.get("max_tokens", kwargs.get("max_new_tokens"))
+        return int(asked) if asked is not None else self.max_new_tokens
+
+    def _watch(self, stop: list[str] | None, chat: Messages) -> StopWatch:
+        strings = tuple(s for s in [*(self.stop or []), *(stop or [])] if s)
+        tokenizer = self.policy.handle.tokenizer
+        # A forced call's prefill opens its JSON: the reply is done when the JSON closes.
+        prefill = chat[-1]["content"] if chat and chat[-1]["role"] == "assistant" else None
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+        return StopWatch(decode, strings, self.repetition, json_prefix=prefill)
+
     def _prepare(
         self, messages: list[BaseMessage], kwargs: dict[str, Any]
     ) -> tuple[Messages, Sampling, list[dict[str, Any]], str | None]:
@@ -146,11 +151,11 @@ class HFChatModel(BaseChatModel):
         forced = [t["function"] for t in tools if t["function"]["name"] == choice]
         if forced:
             # Prefill the call's opening so even a small model writes the arguments object.
-            chat.append({"role": "assistant", "content": _call_prefix(forced[0])})
+            chat.append({"role": "assistant", "content": call_prefix(forced[0])})
         sampling = Sampling(
             temperature=kwargs.get("temperature", self.temperature),
             top_p=kwargs.get("top_p", self.top_p),
-            max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
+            max_new_tokens=self.budget(kwargs),
         )
         return chat, sampling, tools, choice
 
@@ -162,12 +167,13 @@ class HFChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         chat, sampling, tools, choice = self._prepare(messages, kwargs)
-        gen = self.policy.generate(chat, sampling)
+        watch = self._watch(stop, chat)
+        gen = self.policy.generate(chat, sampling, stopping=watch)
         prefill = chat[-1]["content"] if chat[-1]["role"] == "assistant" else ""
-        text = _cut_at_stop(prefill + gen.text, stop)
+        text = prefill + watch.cut(gen.text)
         calls = parse_tool_calls(text, tools, choice) if tools else []
         if not calls and prefill:
-            calls = _salvage_forced_call(prefill, _cut_at_stop(gen.text, stop))
+            calls = salvage_forced_call(prefill, watch.cut(gen.text))
         message = AIMessage(
             content="" if calls else text,
             tool_calls=calls,
@@ -176,6 +182,7 @@ class HFChatModel(BaseChatModel):
                 "prompt_ids": gen.prompt_ids,
                 "completion_ids": gen.completion_ids,
                 "logprobs": gen.logprobs,
+                **self._ending(watch, gen, sampling),
             },
             usage_metadata={
                 "input_tokens": len(gen.prompt_ids or []),
@@ -184,6 +191,28 @@ class HFChatModel(BaseChatModel):
             },
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _ending(
+        self, watch: StopWatch, gen: Generation | None, sampling: Sampling
+    ) -> dict[str, Any]:
+        """Say how a call ended: `finish_reason`, `stop_sequence` and `notes` (see the class)."""
+        notes = list(gen.notes) if gen is not None else []
+        early = watch.note()
+        if early is not None:
+            notes.append(early)
+        ending: dict[str, Any] = {"finish_reason": watch.reason}
+        if watch.reason == "stop" and watch.detail:
+            ending["stop_sequence"] = watch.detail
+        elif watch.reason is None and gen is not None:
+            ids = gen.completion_ids or []
+            ended = bool(ids) and ids[-1] in self.policy.handle.stop_ids()
+            full = len(ids) >= sampling.max_new_tokens and not ended
+            ending["finish_reason"] = "length" if full else "stop"
+            if full:
+                notes.append(f"engine budget spent: {sampling.max_new_tokens} tokens")
+        elif watch.reason is None:  # a stream: no ids to tell EOS from the budget
+            del ending["finish_reason"]
+        return {**ending, **({"notes": notes} if notes else {})}
 
     def _stream(
         self,
@@ -198,49 +227,31 @@ class HFChatModel(BaseChatModel):
             message = result.generations[0].message
             assert isinstance(message, AIMessage)
             yield ChatGenerationChunk(
-                message=AIMessageChunk(content=message.content, tool_calls=message.tool_calls)
+                message=AIMessageChunk(
+                    content=message.content,
+                    tool_calls=message.tool_calls,
+                    response_metadata=message.response_metadata,
+                )
             )
             return
-        text = ""
-        for piece in stream_text(self.policy, chat, sampling):
-            if stop and any(s in text + piece for s in stop):
-                piece = _cut_at_stop(text + piece, stop)[len(text) :]
-                if piece:
-                    yield _chunk(piece, run_manager)
-                return
+        watch = self._watch(stop, chat)
+        text = sent = ""
+        for piece in stream_text(self.policy, chat, sampling, watch):
             text += piece
-            if piece:
-                yield _chunk(piece, run_manager)
-
-
-def _call_prefix(function: dict[str, Any]) -> str:
-    """Open a call's JSON up to its first argument's value."""
-    head = '{"name": ' + json.dumps(function["name"]) + ', "arguments": {'
-    params = function.get("parameters", {})
-    props: dict[str, Any] = params.get("properties", {})
-    first = next(iter(params.get("required") or props), None)
-    if first is None:
-        return head
-    quote = '"' if props.get(first, {}).get("type") == "string" else ""
-    return f"{head}{json.dumps(first)}: {quote}"
-
-
-def _salvage_forced_call(prefill: str, completion: str) -> list[dict[str, Any]]:
-    """Read a forced call whose JSON never closed: the first string argument runs to its quote.
-
-    This is what constrained decoding would have produced; without it a small model's stray
-    quote would cost the whole call.
-    """
-    if not prefill.endswith('"'):
-        return []
-    opened = json.loads(prefill + '"}}')  # the prefill with an empty first value
-    (first,) = opened["arguments"]
-    raw = re.split(r'(?<!\\)"', completion, maxsplit=1)[0]
-    try:
-        value = json.loads(f'"{raw}"')
-    except ValueError:
-        value = raw
-    return [{"name": opened["name"], "args": {first: value}, "id": "call_0"}]
+            kept = watch.cut(text)
+            # Hold back what may begin a stop string: the caller must never see its start.
+            ready = (
+                kept if len(kept) < len(text) else kept[: len(kept) - held_back(kept, watch.stop)]
+            )
+            if len(ready) > len(sent):
+                yield _chunk(ready[len(sent) :], run_manager)
+                sent = ready
+        rest = watch.cut(text)[len(sent) :]
+        if rest:
+            yield _chunk(rest, run_manager)
+        ending = self._ending(watch, None, sampling)
+        if ending:
+            yield ChatGenerationChunk(message=AIMessageChunk(content="", response_metadata=ending))
 
 
 def _chunk(piece: str, run_manager: CallbackManagerForLLMRun | None) -> ChatGenerationChunk:
@@ -248,10 +259,3 @@ def _chunk(piece: str, run_manager: CallbackManagerForLLMRun | None) -> ChatGene
     if run_manager:
         run_manager.on_llm_new_token(piece, chunk=chunk)
     return chunk
-
-
-def _cut_at_stop(text: str, stop: list[str] | None) -> str:
-    for token in stop or []:
-        if token in text:
-            text = text[: text.index(token)]
-    return text

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from flowlearn.nodes.policies.batching import BatchingPolicy
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.hf_chat import HFChatModel
+from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
 
 
 @dataclass
@@ -24,7 +25,7 @@ def load_local_models(
     *,
     device: str | None = None,
     dtype: str | None = None,
-    engine_max_new_tokens: int = 384,
+    engine_max_new_tokens: int | None = None,
     batch_size: int = 1,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> LocalModels:
@@ -36,7 +37,8 @@ def load_local_models(
             share one model in memory.
         device: "cpu", "cuda", ...; None picks CUDA when available.
         dtype: a torch dtype name; None picks bf16 on CUDA and fp32 on CPU.
-        engine_max_new_tokens: the engine's token budget per call.
+        engine_max_new_tokens: the engine's token budget for every call; None: each role's
+            own (`nodes.prompts`: the executor's, verifier's, generator's, ...).
         batch_size: above 1, concurrent calls (from concurrent rollouts or eval cases) are
             decoded together by a `BatchingPolicy` of that size.
         cache_dir: where the converted default model is kept (see `loading.cache_dir`).
@@ -59,5 +61,9 @@ def load_local_models(
         )
     return LocalModels(
         planner=planner_policy,
-        engine=HFChatModel(policy=engine_policy, max_new_tokens=engine_max_new_tokens),
+        engine=HFChatModel(
+            policy=engine_policy,
+            max_new_tokens=ENGINE_MAX_TOKENS,
+            fixed_max_new_tokens=engine_max_new_tokens,
+        ),
     )

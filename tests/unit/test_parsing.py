@@ -7,6 +7,7 @@ from flowlearn.nodes.parsing import (
     match_tool_name,
     parse_planner_output,
     parse_verdict,
+    read_answer,
 )
 
 PLAIN = "Justification: j\nContext: c\nSub-Goal: add the numbers\nTool Name: python"
@@ -96,3 +97,26 @@ def test_verdict(text: str, verdict: str, clear: bool) -> None:
 )
 def test_extract_answer(text: str, answer: str, tagged: bool) -> None:
     assert extract_answer(text) == (answer, tagged)
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "source"),
+    [
+        ("So <answer>391</answer>.", "391", "tags"),
+        ("Quoted <answer>42 then <answer>391</answer>", "391", "tags"),
+        ("It is <answer> Nairobi\n", "Nairobi", "open_tag"),
+        ("It is <answer>  ", "It is", "last_line"),
+        ("Kenya's capital.\nThe answer is: **Nairobi**.", "Nairobi", "answer_line"),
+        ("The final answer is 391.\nHope this helps!", "391", "answer_line"),
+        ("Answer: 391\nAnswer = 392", "392", "answer_line"),
+        ("We computed it. The answer is 391.", "391", "answer_line"),
+        ("The answer to this is 391", "The answer to this is 391", "last_line"),
+        ("I answer questions.\n\n  Nairobi.  \n", "Nairobi", "last_line"),
+        ("", "", "none"),
+        ("  \n ", "", "none"),
+    ],
+)
+def test_read_answer_falls_back_in_order(text: str, answer: str, source: str) -> None:
+    read = read_answer(text)
+    assert (read.answer, read.source) == (answer, source)
+    assert read.fallback == (source != "tags")
