@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from langgraph.types import RetryPolicy
-
-from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.prompts import EMPTY_MEMORY, SYSTEM_PROMPT
-from flowlearn.nodes.retry import engine_error, retrying
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord, Transition
 from flowlearn.nodes.schema.sampling import Generation
 
 if TYPE_CHECKING:
-    from langchain_core.language_models import BaseChatModel
+    pass
 
 
 def _under(value: Any) -> str:
@@ -120,36 +114,6 @@ def policy_transition(
         sampling=generation.sampling,
         **({"notes": list(generation.notes)} if generation.notes else {}),
     )
-
-
-EngineCall = Callable[[list[dict[str, str]]], tuple[str, float]]
-"""A bound engine call: messages in, text and seconds out (retries already inside)."""
-
-
-def engine_call(engine: BaseChatModel, retry: RetryPolicy | None) -> EngineCall:
-    """Bind `engine` into a call that retries transient errors per `retry` (see nodes.retry)."""
-    return retrying(functools.partial(invoke_text, engine), retry)
-
-
-def call_engine(call: EngineCall, messages: list[dict[str, str]]) -> tuple[str, float, str | None]:
-    """Make a bound engine call; return text, seconds and an error message instead of raising.
-
-    Transient errors were retried inside `call`; whatever still fails comes back as an error
-    string that the node records, so the run goes on.
-    """
-    start = time.perf_counter()
-    try:
-        text, seconds = call(messages)
-    except Exception as exc:
-        return "", time.perf_counter() - start, engine_error(exc)
-    return text, seconds, None
-
-
-def invoke_text(engine: BaseChatModel, messages: list[dict[str, str]]) -> tuple[str, float]:
-    """Call a chat model and return its text and the seconds it took."""
-    start = time.perf_counter()
-    reply = engine.invoke(to_langchain(messages))
-    return reply.text, time.perf_counter() - start
 
 
 def emit(runtime: Any, event: dict[str, Any]) -> None:

@@ -78,7 +78,9 @@ class FlowGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Tool names to enable; default: all default tools."}
     )
     corpus: str | None = _help("JSONL corpus for local_search.", None)
-    engine_max_new_tokens: int = _help("Fixed engine tokens per call.", 384)
+    engine_max_new_tokens: int | None = _help(
+        "Fixed engine tokens per call; default: each role's own budget (nodes/prompts.py).", None
+    )
     mode: Literal["paper", "official", "sequence"] = _help("Flow-GRPO weighting mode.", "paper")
     drop_zero_variance: bool = _help("Drop groups whose rewards are all equal.", False)
     reward_errors: Literal["zero", "drop"] = _help(

@@ -36,7 +36,8 @@ class State(InputState, total=False):
     final_text: str
     """The generator's full output."""
     answer: str
-    """The answer extracted from `<answer>...</answer>` in `final_text` (all of it if untagged)."""
+    """The answer from `final_text`: its last `<answer>` pair, else the fallbacks of
+    `nodes.parsing` (an opened tag, an "The answer is X" line, the last non-empty line)."""
     turn: int
     """Planner turns taken so far, format errors included."""
     transitions: Annotated[list[Transition], operator.add]
