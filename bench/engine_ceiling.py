@@ -1,0 +1,92 @@
+"""How far the untrained embedded engine lets any planner get on the tool-use task.
+
+Every held-out question of `evals/data/tooluse` runs through the real flow with a perfect,
+scripted plan: the right tool for its kind (`python` for arithmetic, `local_search` for a
+lookup), the question itself as sub-goal and context. The fixed engine is the embedded
+SmolLM2-135M-Instruct, greedy, as in `flowlearn run`: it writes the query analysis, the tool
+call and the answer. Whatever a trained planner does, its accuracy on this task is at most what
+this perfect plan reaches, since the plan is all the planner writes.
+
+Prints, per question and in total:
+- `tool`: the tool's result holds the reference answer (the executor's call was right);
+- `answer`: the flow's answer matches the reference (exact match, the task's scorer).
+
+Run: `python bench/engine_ceiling.py [--limit N]`. Writes bench/results/engine_ceiling.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from flowlearn.evals.scorers import exact_match, normalize_answer
+from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE
+from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
+from flowlearn.nodes.policies.scripted import ScriptedPolicy, planner_turn
+from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
+from flowlearn.nodes.tools import default_tools
+
+RESULTS = Path(__file__).parent / "results" / "engine_ceiling.json"
+
+
+async def run_case(case: dict[str, Any], engine: HFChatModel, tools: list[Any]) -> dict[str, Any]:
+    """Run one case with its perfect plan; return what the tool and the flow answered."""
+    goal = case["question"].rstrip("?.")
+    planner = ScriptedPolicy([planner_turn(case["tool"], goal, case["question"])])
+    graph = build_agentflow(planner, engine, tools)
+    state = await graph.ainvoke({"question": case["question"]}, context=Context(max_turns=1))
+    actions = [m for m in state["memory"] if m.get("kind") == "action"]
+    result = str(actions[0].get("result") or actions[0].get("error")) if actions else ""
+    answer = str(state.get("answer") or "")
+    return {
+        "id": case["id"],
+        "question": case["question"],
+        "reference": case["answer"],
+        "arguments": actions[0].get("arguments") if actions else None,
+        "tool_result": result[:200],
+        "tool_right": normalize_answer(case["answer"]) in normalize_answer(result),
+        "answer": answer[:200],
+        "answer_right": exact_match(answer, case["answer"]).value == 1.0,
+    }
+
+
+async def main(limit: int) -> None:
+    """Run the held-out cases 16 at a time on one engine; print and save the figures."""
+    cases = [json.loads(line) for line in HELDOUT_FILE.read_text().splitlines()][:limit]
+    policy = HFPolicy.from_pretrained(None)  # the embedded default
+    engine = HFChatModel(
+        policy=BatchingPolicy(policy, max_batch_size=16), max_new_tokens=ENGINE_MAX_TOKENS
+    )
+    names = ("python", "local_search")
+    tools = [t for t in default_tools(engine, corpus=str(CORPUS_FILE)) if t.name in names]
+    start = time.perf_counter()
+    rows = await asyncio.gather(*[run_case(case, engine, tools) for case in cases])
+    seconds = time.perf_counter() - start
+    for row in rows:
+        print(
+            f"tool {'ok' if row['tool_right'] else '--'}  answer "
+            f"{'ok' if row['answer_right'] else '--'}  {row['question']}  "
+            f"(ref {row['reference']!r}, answered {row['answer'][:50]!r})"
+        )
+    n = len(rows)
+    tool_right = sum(r["tool_right"] for r in rows)
+    answer_right = sum(r["answer_right"] for r in rows)
+    print(
+        f"\n{n} held-out cases with a perfect plan, the untrained engine: the tool's result "
+        f"held the answer in {tool_right}/{n}, the flow answered right in {answer_right}/{n} "
+        f"({seconds:.0f} s)"
+    )
+    RESULTS.parent.mkdir(exist_ok=True)
+    summary = {"cases": n, "tool_right": tool_right, "answer_right": answer_right}
+    RESULTS.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=48, help="held-out cases to run (48)")
+    asyncio.run(main(parser.parse_args().limit))

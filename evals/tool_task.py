@@ -1,0 +1,166 @@
+"""The tool-use task: questions a 135M model can answer only by picking the right tool.
+
+Two kinds, half each, every question needing a tool:
+
+- arithmetic on 3- to 5-digit numbers (products, sums, differences), which a small model cannot
+  do in its head: the `python` tool computes it;
+- lookups of invented facts (capitals of invented countries, founding years of invented
+  institutes, authors of invented novels, ...) that no model can know: `local_search` finds them
+  in the task's own corpus.
+
+Phrasings vary per kind, so a planner must learn which kind a question is, not one template. The
+shipped files are this module's output (`python -m flowlearn.evals.tool_task` rewrites them; a
+test checks they match): `train.jsonl` and `heldout.jsonl` (cases: `id`, `question`, `answer`,
+`kind`, `tool`) and `corpus.jsonl` (one passage per fact, train and held-out alike), under
+`evals/data/tooluse/`. Held-out questions use numbers and entities training never saw.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+TASK_DIR = Path(__file__).resolve().parent / "data" / "tooluse"
+TRAIN_FILE = TASK_DIR / "train.jsonl"
+HELDOUT_FILE = TASK_DIR / "heldout.jsonl"
+CORPUS_FILE = TASK_DIR / "corpus.jsonl"
+
+ARITHMETIC = [
+    ("{a} * {b}", "What is {a} * {b}?"),
+    ("{a} * {b}", "Compute {a} times {b}."),
+    ("{a} * {b}", "What is the product of {a} and {b}?"),
+    ("{a} * {b}", "Multiply {a} by {b}. What is the result?"),
+    ("{a} + {b} + {c}", "What is {a} + {b} + {c}?"),
+    ("{a} + {b} + {c}", "Add {a}, {b} and {c}. What is the total?"),
+    ("{a} - {b}", "What is {a} - {b}?"),
+    ("{a} * {b} - {c}", "Calculate {a} * {b} - {c}."),
+]
+"""(expression, question) templates; numbers come from `_numbers`."""
+
+# (relation, passage template, question templates, answer kind)
+FACTS = [
+    ("capital", "{answer} is the capital of {entity}.",
+     ["What is the capital of {entity}?", "Which city is the capital of {entity}?"], "place"),
+    ("founded", "The {entity} was founded in {answer}.",
+     ["In what year was the {entity} founded?", "When was the {entity} founded?"], "year"),
+    ("author", "{entity} is a novel written by {answer}.",
+     ["Who wrote the novel {entity}?", "Who is the author of {entity}?"], "person"),
+    ("inventor", "The {entity} was invented by {answer}.",
+     ["Who invented the {entity}?", "Which inventor created the {entity}?"], "person"),
+    ("river", "The {entity} River flows into the {answer} Sea.",
+     ["Into which sea does the {entity} River flow?"], "place"),
+    ("height", "Mount {entity} is {answer} metres high.",
+     ["How high is Mount {entity}, in metres?", "What is the height of Mount {entity} in metres?"],
+     "height"),
+]  # fmt: skip
+ENTITY_FORMS = {
+    "capital": "{name}ia",
+    "founded": "{name} Institute",
+    "author": "The {name} Chronicles",
+    "inventor": "{name} engine",
+    "river": "{name}",
+    "height": "{name}",
+}
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "qu"]
+_VOWELS = ["a", "e", "i", "o", "u", "ae", "ou"]
+_CODAS = ["", "n", "r", "l", "s", "th", "x"]
+
+
+def _word(rng: random.Random, syllables: int) -> str:
+    parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables)]
+    return ("".join(parts) + rng.choice(_CODAS)).capitalize()
+
+
+def _answer(kind: str, rng: random.Random) -> str:
+    if kind == "year":
+        return str(rng.randint(1400, 1990))
+    if kind == "height":
+        return str(rng.randint(1200, 8400))
+    if kind == "person":
+        return f"{_word(rng, 2)} {_word(rng, 2)}"
+    return _word(rng, 3)
+
+
+def _numbers(expression: str, rng: random.Random) -> dict[str, int]:
+    if "*" in expression:
+        return {"a": rng.randint(101, 999), "b": rng.randint(11, 999), "c": rng.randint(10, 999)}
+    return {"a": rng.randint(1000, 99999), "b": rng.randint(1000, 9999), "c": rng.randint(100, 9999)}
+
+
+def arithmetic_cases(count: int, rng: random.Random, prefix: str) -> list[dict[str, Any]]:
+    """Return `count` arithmetic cases, cycling through the templates."""
+    cases = []
+    for i in range(count):
+        expression, question = ARITHMETIC[i % len(ARITHMETIC)]
+        numbers = _numbers(expression, rng)
+        value = eval(expression.format(**numbers), {"__builtins__": {}})  # our own digits only
+        cases.append(
+            {
+                "id": f"{prefix}-math-{i}",
+                "question": question.format(**numbers),
+                "answer": str(value),
+                "kind": "arithmetic",
+                "tool": "python",
+            }
+        )
+    return cases
+
+
+def lookup_cases(
+    count: int, rng: random.Random, prefix: str, used: set[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Return `count` lookup cases and their passages; entity names never repeat (`used`)."""
+    cases, passages = [], []
+    for i in range(count):
+        relation, passage, questions, kind = FACTS[i % len(FACTS)]
+        name = _word(rng, 2)
+        while name in used:
+            name = _word(rng, 2)
+        used.add(name)
+        entity = ENTITY_FORMS[relation].format(name=name)
+        answer = _answer(kind, rng)
+        passage_id = f"{prefix}-{relation}-{i}"
+        passages.append(
+            {"id": passage_id, "title": entity, "text": passage.format(entity=entity, answer=answer)}
+        )
+        question = questions[(i // len(FACTS)) % len(questions)]
+        cases.append(
+            {
+                "id": f"{prefix}-fact-{i}",
+                "question": question.format(entity=entity),
+                "answer": answer,
+                "kind": "lookup",
+                "tool": "local_search",
+            }
+        )
+    return cases, passages
+
+
+def build(seed: int = 18, train: int = 96, heldout: int = 48) -> dict[str, list[dict[str, Any]]]:
+    """Build the task's three files' records: train and held-out cases (half of each kind) and
+    the corpus. Held-out numbers and names are drawn after training's, never repeating a name."""
+    rng = random.Random(seed)
+    used: set[str] = set()
+    files: dict[str, list[dict[str, Any]]] = {"corpus": []}
+    for split, size in (("train", train), ("heldout", heldout)):
+        math = arithmetic_cases(size // 2, rng, split)
+        facts, passages = lookup_cases(size - size // 2, rng, split, used)
+        # interleave the kinds, so any prefix (`--limit`, a step's questions) holds both
+        files[split] = [case for pair in zip(math, facts, strict=True) for case in pair]
+        files["corpus"].extend(passages)
+    return files
+
+
+def write(folder: Path = TASK_DIR) -> None:
+    """Write train.jsonl, heldout.jsonl and corpus.jsonl into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, records in build().items():
+        text = "".join(json.dumps(record) + "\n" for record in records)
+        (folder / f"{name}.jsonl").write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write()
