@@ -149,6 +149,7 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
         turn=1,
         max_turns=args.turns,
         tool_names="python",
+        examples="",
     )
     data = datasets.Dataset.from_list(
         [{"prompt": [{"role": "user", "content": prompt}]}] * (args.questions * args.steps)

@@ -12,8 +12,16 @@ from langgraph.types import RetryPolicy
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
 from flowlearn.nodes.policies.engine_calls import role_call
-from flowlearn.nodes.policies.protocol import Policy
-from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_MAX_TOKENS, QUERY_ANALYSIS_PROMPT
+from flowlearn.nodes.policies.hf import LocalPolicy
+from flowlearn.nodes.policies.protocol import Policy, continues_prefill
+from flowlearn.nodes.policies.stops import RepetitionRule, StopWatch
+from flowlearn.nodes.prompts import (
+    PLANNER_EXAMPLE,
+    PLANNER_PROMPT,
+    PLANNER_REPLY_PREFIX,
+    QUERY_ANALYSIS_MAX_TOKENS,
+    QUERY_ANALYSIS_PROMPT,
+)
 from flowlearn.nodes.render import (
     emit,
     policy_transition,
@@ -52,6 +60,63 @@ def enabled_tools(tools: Sequence[BaseTool], names: Sequence[str] | None) -> lis
     return [by_name[name] for name in names]
 
 
+def render_plan_examples(tools: Sequence[BaseTool]) -> str:
+    """Render a worked plan for each tool whose `metadata["plan_example"]` holds one.
+
+    The example names its tool, so a planner sees what a step with each enabled tool looks
+    like; a tool without one (a user's own `@tool`) adds nothing. Returns "" when no tool has
+    one, or the block that ends the planner prompt.
+    """
+    examples = []
+    for tool in tools:
+        example = (tool.metadata or {}).get("plan_example")
+        if example:
+            examples.append(PLANNER_EXAMPLE.format(tool=tool.name, **example))
+    if not examples:
+        return ""
+    head = "\nFor example:\n" if len(examples) == 1 else "\nFor example, one step per tool:\n"
+    return head + "\n\n".join(examples)
+
+
+def with_reply_prefix(text: str) -> str:
+    """Return the plan's full text: the prefilled first label, then what the policy wrote.
+
+    A policy that wrote the label again (a chat API that ignores the prefill, a scripted
+    policy) or answered in JSON is taken as it is.
+    """
+    head = text.lstrip()
+    if head.startswith((PLANNER_REPLY_PREFIX, "{", "```")):
+        return text
+    return PLANNER_REPLY_PREFIX + text
+
+
+def plan_complete(text: str) -> bool:
+    """Say whether a plan is complete: a sub-goal and a tool name, at the end of a line.
+
+    The policy stops there instead of writing more plans after it.
+    """
+    if not text.endswith("\n"):
+        return False
+    return parse_planner_output(with_reply_prefix(text)).error is None
+
+
+def plan_stop(policy: Policy) -> dict[str, Any]:
+    """Return the `stopping` keyword for a local policy's call (`{}` for other policies).
+
+    A local model's plan ends at the end of its tool-name line (`plan_complete`), or at a
+    degenerate repetition. Stopping changes no logit, so the logged logprobs stay those of the
+    sampled tokens; server and chat-model policies end at their own EOS or budget.
+    """
+    if not isinstance(policy, LocalPolicy):
+        return {}
+    tokenizer = policy.handle.tokenizer
+
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    return {"stopping": StopWatch(decode=decode, ends=plan_complete, repetition=RepetitionRule())}
+
+
 def spent_budget(state: State, context: Context, now: float) -> str | None:
     """Return why the budget is spent ("max_turns" or "max_seconds"), or None."""
     if state.get("turn", 0) >= context.max_turns:
@@ -63,6 +128,34 @@ def spent_budget(state: State, context: Context, now: float) -> str | None:
     return None
 
 
+def plan_messages(
+    state: State,
+    context: Context,
+    available: Sequence[BaseTool],
+    *,
+    analysis: str,
+    tools: str,
+    turn: int,
+    prefill: bool,
+) -> list[dict[str, str]]:
+    """Render the planner's prompt for `turn`; with `prefill`, open its reply with the label."""
+    messages = prompt_messages(
+        PLANNER_PROMPT.format(
+            question=state["question"],
+            analysis=analysis,
+            tools=tools,
+            memory=render_memory(state.get("memory", [])),
+            turn=turn,
+            max_turns=context.max_turns,
+            tool_names=", ".join(tool.name for tool in available),
+            examples=render_plan_examples(available),
+        )
+    )
+    if prefill:  # the reply opens with the first label; the policy writes the rest
+        messages.append({"role": "assistant", "content": PLANNER_REPLY_PREFIX})
+    return messages
+
+
 def record_decision(
     update: dict[str, Any],
     turn: int,
@@ -70,9 +163,13 @@ def record_decision(
     gen: Generation,
     available: Sequence[BaseTool],
     runtime: Any,
+    prefilled: bool = False,
 ) -> dict[str, Any]:
-    """Parse the policy's output into the turn's plan, or a format error in memory."""
-    decision = parse_planner_output(gen.text)
+    """Parse the policy's output (after the prefilled label, if any) into the turn's plan.
+
+    An output that does not parse is recorded in memory as a format error instead.
+    """
+    decision = parse_planner_output(with_reply_prefix(gen.text) if prefilled else gen.text)
     tool = match_tool_name(decision.tool_name, [t.name for t in available])
     error = decision.error
     status: ParseStatus = "ok" if error is None else "format_error"
@@ -132,6 +229,7 @@ def make_planner(
     """
     tools = list(tools)
     generate = retrying(policy.generate, retry)
+    prefill = continues_prefill(policy)
     ask = None
     if analysis_engine is not None:
         ask = role_call(analysis_engine, retry, max_tokens=QUERY_ANALYSIS_MAX_TOKENS)
@@ -175,19 +273,9 @@ def make_planner(
             update["transitions"].append(record)
 
         turn = state.get("turn", 0) + 1
-        messages = prompt_messages(
-            PLANNER_PROMPT.format(
-                question=state["question"],
-                analysis=analysis,
-                tools=catalogue,
-                memory=render_memory(state.get("memory", [])),
-                turn=turn,
-                max_turns=context.max_turns,
-                tool_names=", ".join(tool.name for tool in available),
-            )
-        )
-        return record_decision(
-            update, turn, messages, generate(messages, sampling), available, runtime
-        )
+        fields = {"analysis": analysis, "tools": catalogue, "turn": turn}
+        messages = plan_messages(state, context, available, prefill=prefill, **fields)
+        gen = generate(messages, sampling, **plan_stop(policy))
+        return record_decision(update, turn, messages, gen, available, runtime, prefill)
 
     return planner

@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from flowlearn.nodes.policies.decoding import BatchDecoder, Request, Running
 from flowlearn.nodes.policies.handle import ModelHandle
@@ -64,6 +64,9 @@ class BatchingPolicy:
             that prefix is read once and its KV cache shared by every row of the group.
 
     """
+
+    continues_prefill: ClassVar[bool] = True
+    """A final assistant message is continued, as the chat template renders it."""
 
     wrapped: HFPolicy
     max_batch_size: int = 16

@@ -119,7 +119,7 @@ class BatchDecoder:
         import torch
 
         try:
-            with self.policy.handle.lock, torch.no_grad():
+            with self.policy.handle.lock, self.policy.forward_scope(), torch.no_grad():
                 return [(members, self._prefill([r.prompt_ids for r in members]))]
         except Exception as exc:
             if len(members) == 1:
@@ -159,7 +159,7 @@ class BatchDecoder:
             rows = [rows[j] for j in kept]
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
         last = last + 1
-        with self.policy.handle.lock, torch.no_grad():
+        with self.policy.handle.lock, self.policy.forward_scope(), torch.no_grad():
             out = model(
                 input_ids=chosen.unsqueeze(1),
                 attention_mask=mask,

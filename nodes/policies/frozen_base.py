@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, cast
 
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.stops import StopWatch
@@ -21,6 +22,10 @@ class FrozenBasePolicy(HFPolicy):
         """Serve the base of `policy`'s (PEFT) model, versioned `<policy version>:base`."""
         self._bind(policy.handle, f"{policy.version}:base", policy.context_window)
 
+    def forward_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Switch the adapter off (the caller holds the handle's lock)."""
+        return cast("contextlib.AbstractContextManager[Any]", self.model.disable_adapter())
+
     def generate(
         self,
         messages: Messages,
@@ -30,5 +35,5 @@ class FrozenBasePolicy(HFPolicy):
         stopping: StopWatch | None = None,
     ) -> Generation:
         """Generate with the adapter disabled."""
-        with self.handle.lock, self.model.disable_adapter():
+        with self.handle.lock, self.forward_scope():
             return super().generate(messages, sampling, streamer=streamer, stopping=stopping)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -58,6 +59,8 @@ class HFPolicy:
     concurrent calls instead).
     """
 
+    continues_prefill = True  # a final assistant message is continued (`chat_prompt_ids`)
+
     def __init__(
         self,
         model: Any,
@@ -107,6 +110,10 @@ class HFPolicy:
     def tokenizer(self) -> Any:
         """Its tokenizer."""
         return self.handle.tokenizer
+
+    def forward_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Return the context its forwards run in (the batched decoder's too): none here."""
+        return contextlib.nullcontext()
 
     @classmethod
     def from_pretrained(
@@ -252,11 +259,8 @@ def chat_prompt_ids(tokenizer: Any, messages: Messages) -> list[int]:
 def token_logprobs(logits: Any, token_ids: list[int], temperature: float) -> list[float]:
     """Return log p(token) under `log_softmax(logits / temperature)` for each step's token.
 
-    Args:
-        logits: per-step raw logits, a sequence of (1, vocab) tensors or a (steps, vocab) tensor.
-        token_ids: the token chosen at each step.
-        temperature: the sampling temperature; 0 (greedy) is scored at temperature 1.
-
+    `logits` are per-step raw logits, (1, vocab) tensors or one (steps, vocab) tensor; greedy
+    (temperature 0) is scored at temperature 1.
     """
     import torch
 

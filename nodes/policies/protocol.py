@@ -20,6 +20,16 @@ class Policy(Protocol):
         ...
 
 
+def continues_prefill(policy: object) -> bool:
+    """Say whether `policy` continues a final assistant message (a prefill) rather than reply.
+
+    Policies that render the model's chat template themselves (`HFPolicy`, `BatchingPolicy`,
+    `ServerPolicy`, training's vLLM policy) set `continues_prefill = True`, so the planner opens
+    their reply with its first label; a chat-model policy or a user's own gets the plain prompt.
+    """
+    return getattr(policy, "continues_prefill", False) is True
+
+
 class ChatModelPolicy:
     """Use any LangChain chat model as the planner, for inference only.
 

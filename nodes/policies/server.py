@@ -40,6 +40,9 @@ class ServerError(RuntimeError):
 class ServerPolicy:
     """Sample planner turns from an OpenAI-compatible server, logging exact tokens it returns."""
 
+    continues_prefill = True
+    """A final assistant message is continued, as the chat template renders it."""
+
     def __init__(
         self,
         base_url: str,
@@ -109,6 +112,8 @@ class ServerPolicy:
         else:
             route = "/chat/completions"
             body |= {"messages": messages, "logprobs": True, "top_logprobs": 1}
+            if messages and messages[-1]["role"] == "assistant":  # a prefill: continue it
+                body |= {"add_generation_prompt": False, "continue_final_message": True}
         start = time.perf_counter()
         response = self._client.post(route, json=body)
         seconds = time.perf_counter() - start

@@ -81,6 +81,8 @@ class StopWatch:
         json_prefix: when set, the text the reply continues (a forced tool call's prefill):
             the call ends as soon as that prefix and the completion make a whole JSON object,
             instead of running on to its budget after the call.
+        ends: a test of the completion's text that ends the call once it holds (the planner's:
+            its plan is complete at the end of a line, `nodes.planner.plan_complete`).
         reason: "stop" (a stop string, or the JSON closed) or "repetition", once it fired.
         detail: the stop string matched, or a description of the JSON close or repetition.
         tokens: how many completion tokens there were when it fired.
@@ -91,6 +93,7 @@ class StopWatch:
     stop: tuple[str, ...] = ()
     repetition: RepetitionRule | None = field(default_factory=RepetitionRule)
     json_prefix: str | None = None
+    ends: Callable[[str], bool] | None = None
     reason: StopReason | None = None
     detail: str = ""
     tokens: int = 0
@@ -99,8 +102,11 @@ class StopWatch:
         """Check the completion so far (its newest token last); True: end the call now."""
         if self.reason is not None:
             return True
-        if self.stop or self.json_prefix is not None:
+        if self.stop or self.json_prefix is not None or self.ends is not None:
             text = self.decode(list(completion))
+            if self.ends is not None and self.ends(text):
+                self._fire("stop", "complete", len(completion))
+                return True
             hits = [(text.find(s), s) for s in self.stop if s in text]
             if hits:
                 self._fire("stop", min(hits)[1], len(completion))
@@ -127,6 +133,8 @@ class StopWatch:
 
     def note(self) -> str | None:
         """Say in a line why the call ended early (for the transition's notes), or None."""
+        if self.reason == "stop" and self.detail == "complete":
+            return f"stopped after {self.tokens} tokens, where the reply was complete"
         if self.reason == "stop" and not self.detail:
             return "engine stopped where the tool call's JSON object closed"
         if self.reason == "stop":

@@ -120,5 +120,12 @@ def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 5) -> BaseTool
         name="local_search",
         description=f"Search a local document collection ({len(index.passages)} passages) "
         "by keywords and return the most relevant passages with their ids.",
-        metadata={"usage_notes": "Use short keyword queries naming the entity you need."},
+        metadata={
+            "usage_notes": "Use short keyword queries naming the entity you need.",
+            "plan_example": {
+                "justification": "The question asks for a fact the documents hold.",
+                "context": "The question names the Eiffel Tower.",
+                "sub_goal": "Find the year the Eiffel Tower was completed.",
+            },
+        },
     )

@@ -147,7 +147,9 @@ def extract_code(text: str) -> str:
 def usage_notes(limits: Limits, isolation: Isolation) -> str:
     """Return what the model is told about the tool: the truth about where its code runs."""
     notes = (
-        "The value of a bare last expression is shown, as in a notebook (`17 * 23` shows 391); "
+        # no worked numbers here: a small engine copies them into every call (measured: the
+        # embedded SmolLM2 wrote `17 * 23` for each product while this note showed it)
+        "The value of a bare last expression is shown, as in a notebook; "
         "print() anything else you need. Variables do not persist between calls. "
     )
     if isolation == "none":
@@ -199,7 +201,14 @@ def python_tool(
             f"Run a Python 3 program{' in a sandbox' if isolation == 'bwrap' else ''} and return "
             "what it prints. Use it for arithmetic, counting, and checking calculations."
         ),
-        metadata={"usage_notes": usage_notes(bounds, isolation)},
+        metadata={
+            "usage_notes": usage_notes(bounds, isolation),
+            "plan_example": {
+                "justification": "The question needs an exact result, which code computes.",
+                "context": "The numbers are 12 and 34.",
+                "sub_goal": "Compute 12 * 34.",
+            },
+        },
     )
 
 

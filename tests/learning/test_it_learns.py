@@ -97,6 +97,8 @@ class PromptRecorder:
     """A policy that picks random tools and records the planner prompts the real flow renders
     (first and second turns)."""
 
+    continues_prefill = True  # as the HF policy it stands in for: prompts end in the prefill
+
     def __init__(self) -> None:
         self.prompts: list[Messages] = []
         self.rng = random.Random(SEED)
@@ -178,7 +180,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     for case in train_cases:
         recording.invoke({"question": case.query}, context=Context(max_turns=MAX_TURNS))
     texts = [m["content"] for messages in recorder.prompts for m in messages]
-    texts += [FORMAT.format(filler="", tool=t) for t in TOOLS] * 20
+    texts += [" the question decides.\n" + FORMAT.format(filler="", tool=t) for t in TOOLS] * 20
     model, tokenizer = build_policy(tmp_path / "policy", texts, SEED)
     warm_up_format(model, tokenizer, recorder.prompts)
     # Saved and reloaded, so the trained model starts from the warmed-up weights on disk.

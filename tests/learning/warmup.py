@@ -9,6 +9,8 @@ from typing import Any
 
 from tiny_model import build_tiny_model
 
+from flowlearn.nodes.policies.hf import chat_prompt_ids
+
 TOOLS = ["python", "local_search"]
 FORMAT = "Sub-Goal: answer the question{filler}\nTool Name: {tool}"
 FILLERS = ["zork", "quux", "blip", "frob", "wug", "glim"]
@@ -21,9 +23,12 @@ merged into the text around them, every held-out question would read as new toke
 
 
 def planner_output(tool: str, rng: random.Random) -> str:
-    """`FORMAT` with a sub-goal of 0 to `MAX_FILLERS` random filler words."""
+    """What the policy writes after the prefilled `Justification:`: a justification line, then
+    `FORMAT` with a sub-goal of 0 to `MAX_FILLERS` random filler words."""
     words = rng.choices(FILLERS, k=rng.randint(0, MAX_FILLERS))
-    return FORMAT.format(filler="".join(f" {w}" for w in words), tool=tool)
+    return " the question decides.\n" + FORMAT.format(
+        filler="".join(f" {w}" for w in words), tool=tool
+    )
 
 
 def build_policy(folder: Path, texts: Sequence[str], seed: int) -> tuple[Any, Any]:
@@ -68,12 +73,7 @@ def warm_up_format(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):
-        prompt = tokenizer.apply_chat_template(
-            prompts[step % len(prompts)],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
+        prompt = chat_prompt_ids(tokenizer, prompts[step % len(prompts)])  # the prefill too
         answer = tokenizer(
             planner_output(rng.choice(TOOLS), rng) + "<|im_end|>", add_special_tokens=False
         )["input_ids"]
