@@ -29,6 +29,7 @@ def train_command(args: argparse.Namespace) -> int:
     from flowlearn.training.config import parse_config
     from flowlearn.training.run import resume_point, train
     from flowlearn.training.run_record import check_run
+    from flowlearn.training.server_generation import AdapterError
     from flowlearn.training_parts import build_training_parts
 
     try:
@@ -37,7 +38,10 @@ def train_command(args: argparse.Namespace) -> int:
         check_run(config, resuming=config.resume or resume_from is not None)  # stored rollouts
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
-    final = train(config, build_training_parts(config), resume_from=resume_from)
+    try:
+        final = train(config, build_training_parts(config), resume_from=resume_from)
+    except AdapterError as exc:  # the planner_url server refused an adapter: say why, no trace
+        raise UsageError(str(exc)) from exc
     if os.environ.get("RANK", "0") == "0":  # under `accelerate launch`, the main process says it
         print(f"final policy: {final} (use it: flowlearn run QUESTION --planner {final})")
     return 0

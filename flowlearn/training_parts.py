@@ -13,6 +13,7 @@ from typing import Any
 
 from flowlearn.compose import FlowSpec, UsageError, build_tools, check_names
 from flowlearn.nodes.policies import (
+    BatchingPolicy,
     FrozenBasePolicy,
     HFChatModel,
     HFPolicy,
@@ -23,7 +24,9 @@ from flowlearn.nodes.policies import (
 from flowlearn.nodes.policies.loading import parameter_count, pick_device_and_dtype
 from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
 from flowlearn.training.config import FlowGRPOConfig
+from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
 from flowlearn.training.run import TrainingParts, cases_and_scorer
+from flowlearn.training.vllm_settings import require_vllm
 
 
 def training_spec(config: FlowGRPOConfig) -> FlowSpec:
@@ -52,6 +55,7 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     spec = training_spec(config)
     check_names(spec, tools=config.tools, benchmark=config.benchmark, data=config.data)
     try:
+        require_vllm(config)  # use_vllm: vLLM is there, before any model loads
         data = None if config.trajectories else cases_and_scorer(config, spec.benchmarks_dir)
         device = "cpu" if config.use_cpu else None  # None: CUDA when available
         model, tokenizer, lora = load_planner(config, spec, device)
@@ -70,7 +74,8 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
             spec.engine or spec.planner, device=device, cache_dir=spec.cache_dir
         )
     parts.engine = HFChatModel(
-        policy=backend,
+        # the rollouts' engine calls are concurrent too: decoded together, not one by one
+        policy=BatchingPolicy(backend, max_batch_size=ROLLOUT_CONCURRENCY),
         max_new_tokens=ENGINE_MAX_TOKENS,
         fixed_max_new_tokens=config.engine_max_new_tokens,
     )

@@ -21,27 +21,9 @@ from trl.trainer.grpo_config import GRPOConfig
 
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.batching import OFFICIAL_DUAL_CLIP, check_trainer_batching, resolve_batching
-from flowlearn.training.config_values import check_values
-
-RENAMED = {
-    "group_size": "num_generations",
-    "planner_temperature": "temperature",
-    "planner_top_p": "top_p",
-    "planner_max_new_tokens": "max_completion_length",
-    "scale": "scale_rewards",
-    "device": "use_cpu",
-}
-"""Old spellings of settings that are now TRL's, named in the unknown-key error."""
-
-UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "generation_batch_size": (None, "it is questions_per_step x num_generations per process"),
-    "top_k": (0, "the planner samples with temperature and top_p only"),
-    "min_p": (None, "the planner samples with temperature and top_p only"),
-    "repetition_penalty": (1.0, "the planner samples with temperature and top_p only"),
-    "generation_kwargs": (None, "rollouts sample through the flow, not TRL's generate"),
-    "use_vllm": (False, "rollouts sample through the flow, not TRL's generate"),
-}
-"""TRL options Flow-GRPO training cannot honour yet: their default, and why."""
+from flowlearn.training.config_values import RENAMED, UNSUPPORTED, check_values
+from flowlearn.training.server_options import check_server_options
+from flowlearn.training.vllm_settings import check_vllm_config
 
 
 def _help(text: str, default: Any, **extra: Any) -> Any:
@@ -102,6 +84,18 @@ class FlowGRPOConfig(GRPOConfig):
         "does) instead of the logged ones; logs flow/old_logprob_gap.",
         False,
     )
+    # The planner on a vLLM server (training/server_generation.py)
+    planner_url: str | None = _help(
+        "Sample the planner on a vLLM server at this base URL (http://HOST:PORT/v1) with "
+        "runtime LoRA loading; needs lora. Each step's adapter is loaded into it "
+        "(/v1/load_lora_adapter) as flow-RUNID-stepK, the rollouts' model and policy_version.",
+        None,
+    )
+    adapter_dir: str | None = _help(
+        "With planner_url: where adapters are written, at the same path for the server "
+        "(shared filesystem); default: output_dir/adapters.",
+        None,
+    )
     # TRL's fields with the flow's defaults and meaning
     disable_dropout: bool = _help("No dropout in training: rollouts sample without it.", True)
     num_generations: int | None = _help("G, rollouts per question (paper: 8).", 8)
@@ -137,6 +131,8 @@ class FlowGRPOConfig(GRPOConfig):
         check_values(self)  # types, choices and ranges first, each error naming its key
         self._check_flow()
         self._check_supported()
+        check_server_options(self)  # planner_url: LoRA on, no contradiction
+        check_vllm_config(self)  # use_vllm: full fine-tuning on TRL's vLLM generation
         self.per_device_train_batch_size, self.steps_per_generation = resolve_batching(
             self.questions_per_step * int(self.num_generations or 0),
             self.per_device_train_batch_size,

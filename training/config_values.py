@@ -52,6 +52,26 @@ class Range:
 
 
 POSITIVE, NON_NEGATIVE, AT_LEAST_ONE = Range(0, low_open=True), Range(0), Range(1)
+RENAMED = {
+    "group_size": "num_generations",
+    "planner_temperature": "temperature",
+    "planner_top_p": "top_p",
+    "planner_max_new_tokens": "max_completion_length",
+    "scale": "scale_rewards",
+    "device": "use_cpu",
+}
+"""Old spellings of settings that are now TRL's, named in the unknown-key error."""
+
+UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "generation_batch_size": (None, "it is questions_per_step x num_generations per process"),
+    "top_k": (0, "the planner samples with temperature and top_p only"),
+    "min_p": (None, "the planner samples with temperature and top_p only"),
+    "repetition_penalty": (1.0, "the planner samples with temperature and top_p only"),
+    "generation_kwargs": (None, "rollouts sample through the flow, not TRL's generate"),
+}
+"""TRL options Flow-GRPO training cannot honour yet: their default, and why."""
+
+
 COUNTS = [
     "num_generations",
     "questions_per_step",
@@ -101,6 +121,13 @@ RANGES: dict[str, Range] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "scale_rewards": ("group", "batch", "none"),
     "importance_sampling_level": ("token", "sequence"),
+    "vllm_mode": ("colocate", "server"),
+    "vllm_importance_sampling_mode": (
+        "token_truncate",
+        "token_mask",
+        "sequence_truncate",
+        "sequence_mask",
+    ),
 }
 """Settings that TRL types as `str` but that take one of a few words."""
 

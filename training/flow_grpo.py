@@ -52,6 +52,11 @@ class FlowGRPORow:
     position: int = 0
     """The turn's 0-based index among its trajectory's kept turns: its identity in the
     trajectory, since two nodes may carry tokens in the same turn."""
+    policy_version: str | None = None
+    """The version of the policy that sampled it (with the planner on a server: the adapter)."""
+    token_scales: list[float] | None = None
+    """Per-token factors on the advantage: the importance weights of a stale row
+    (`flowlearn.training.stale_rows`); None: 1."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,7 @@ def _rows(
                         reward=trajectory.total_reward,
                         node=transition["node"],
                         position=position,
+                        policy_version=transition.get("policy_version"),
                     )
                 )
     return rows

@@ -57,6 +57,10 @@ def sampled_cases(inputs: list[dict[str, Any]]) -> list[Case]:
     return list(seen.values())
 
 
+ROLLOUT_CONCURRENCY = 16
+"""Rollouts in flight at once by default; the engine's calls are batched up to as many."""
+
+
 @dataclass
 class Rollouts:
     """Online source: G rollouts per question through a graph around the live policy."""
@@ -71,7 +75,7 @@ class Rollouts:
     """Named reward terms added to the outcome (e.g. `format_penalty()`)."""
     store: TrajectoryStore | None = None
     """Where every rollout is also appended; under `accelerate launch`, one file per rank."""
-    concurrency: int = 16
+    concurrency: int = 16  # ROLLOUT_CONCURRENCY
     """Rollouts in flight at once; their planner calls are decoded together in batches."""
     reward_errors: str = "zero"
     """A rollout whose scorer failed trains with reward 0 (`zero`) or is left out (`drop`)."""
@@ -93,7 +97,7 @@ class Rollouts:
 
     def run(
         self,
-        policy: HFPolicy,
+        policy: Policy,
         cases: list[Case],
         *,
         group_size: int,
@@ -107,7 +111,7 @@ class Rollouts:
         `metadata[DROPPED]`, so the batch leaves it out and counts it in the metrics.
         """
         live: Policy = policy
-        if self.concurrency > 1:
+        if self.concurrency > 1 and isinstance(policy, HFPolicy):  # a server batches its own
             live = BatchingPolicy(policy, max_batch_size=self.concurrency)
         trajectories = collect(
             self.graph_factory(live),

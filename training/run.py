@@ -20,6 +20,7 @@ from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.flow_grpo import StepCredit
 from flowlearn.training.rollouts import Rollouts
 from flowlearn.training.run_record import ROLLOUTS_FILE, open_run, read_run
+from flowlearn.training.server_generation import ServerGeneration
 from flowlearn.training.store import TrajectoryStore, load_trajectories
 from flowlearn.training.trainer import FlowGRPOTrainer
 
@@ -78,6 +79,9 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
             rollout_store=TrajectoryStore(out / ROLLOUTS_FILE),
             reward_errors=config.reward_errors,
             handle=parts.handle,
+            server=ServerGeneration.at(config.planner_url, config.adapter_dir or out / "adapters")
+            if config.planner_url
+            else None,
             extra_rewards={"format_penalty": format_penalty(config.format_penalty)}
             if config.format_penalty
             else None,

@@ -46,6 +46,8 @@ def rows_to_tensors(
             completion_ids[i, :c] = torch.tensor(row.completion_ids)
             completion_mask[i, :c] = 1
             advantages[i, :c] = row.advantage * advantage_scale[i]
+            if row.token_scales is not None:  # a stale row's importance weights
+                advantages[i, :c] *= torch.tensor(row.token_scales)
             old_logps[i, :c] = torch.tensor(row.old_logprobs)
     return {
         "prompt_ids": prompt_ids.to(device),

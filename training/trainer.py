@@ -17,7 +17,6 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -31,7 +30,6 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.nodes.policies.handle import ModelHandle
-from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.protocol import Policy
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.collect import RewardTerm
@@ -39,6 +37,7 @@ from flowlearn.training.config import check_settings, context_from
 from flowlearn.training.flow_grpo import Mode, Scale, StepCredit, build_flow_grpo_rows
 from flowlearn.training.forward import recompute_old_logps, reference_logps
 from flowlearn.training.layout import Batching, step_tensors
+from flowlearn.training.live_policy import live_policy, warn_no_rows
 from flowlearn.training.metrics import FlowMetricsCallback, flow_metrics
 from flowlearn.training.micro import chunked_loss, next_piece
 from flowlearn.training.model_setup import (
@@ -49,6 +48,7 @@ from flowlearn.training.model_setup import (
     warn_on_dropout,
 )
 from flowlearn.training.rollouts import (
+    ROLLOUT_CONCURRENCY,
     Replay,
     Rollouts,
     agentflow_factory,
@@ -56,12 +56,12 @@ from flowlearn.training.rollouts import (
     sampled_cases,
     unused_reward,
 )
+from flowlearn.training.server_generation import ServerGeneration
 from flowlearn.training.store import TrajectoryStore
 from flowlearn.training.trajectory import Trajectory
+from flowlearn.training.trl_vllm import VLLMFactory, VLLMRollouts, attach_vllm, vllm_kept_from_trl
 
 __all__ = ["FlowGRPOTrainer", "cases_dataset", "unused_reward"]
-
-logger = logging.getLogger(__name__)
 
 
 class FlowGRPOTrainer(GRPOTrainer):
@@ -79,6 +79,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         drop_zero_variance: bool = False,
         step_credit: StepCredit | None = None,
         recompute_old_logprobs: bool | None = None,
+        vllm: VLLMFactory | None = None,
         **kwargs: Any,
     ) -> None:
         """Set up training from `source`; `online` and `offline` build it.
@@ -98,6 +99,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             recompute_old_logprobs: take the old logprobs from a no-grad training forward
                 instead of the logged ones (verl's way); None: `args.recompute_old_logprobs`
                 (a `FlowGRPOConfig`), else off.
+            vllm: under `args.use_vllm`, builds the engine (`trl_vllm`); None: TRL's own.
             **kwargs: passed to `GRPOTrainer` (e.g. `processing_class`, `callbacks`).
 
         Raises:
@@ -111,6 +113,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.nodes = nodes
         self.model_handle: ModelHandle | None = None
         """The handle every policy over the trained model shares (set by `online`)."""
+        self.server: ServerGeneration | None = None
+        """Set by `online`: the planner samples on a vLLM server, the adapter pushed to it."""
         self.mode, self.drop_zero_variance, self.step_credit = mode, drop_zero_variance, step_credit
         recompute = recompute_old_logprobs
         if recompute is None:  # a FlowGRPOConfig's field; off for a plain GRPOConfig
@@ -120,7 +124,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         reference = frozen_reference(model, args.beta)  # before TRL patches it; as loaded
         upcast_trainable(model)  # fp32 master weights; bf16=True autocasts the compute
         warn_on_dropout(model, args.disable_dropout)
-        with reference_kept_from_trl(args, reference):  # TRL would rebuild it from disk
+        with reference_kept_from_trl(args, reference), vllm_kept_from_trl(args):  # ours instead
             super().__init__(
                 model=model,
                 reward_funcs=reward_funcs,
@@ -129,6 +133,7 @@ class FlowGRPOTrainer(GRPOTrainer):
                 **kwargs,
             )
         install_reference(self, reference)
+        self.vllm: VLLMRollouts | None = attach_vllm(self, vllm)  # under use_vllm
         self.group_size = int(args.num_generations or 1)
         self.flow_args: GRPOConfig = args
         self.rollout_ended: float | None = None
@@ -148,9 +153,10 @@ class FlowGRPOTrainer(GRPOTrainer):
         graph_factory: Callable[[Policy], Any] | None = None,
         extra_rewards: Mapping[str, RewardTerm] | None = None,
         rollout_store: TrajectoryStore | None = None,
-        rollout_concurrency: int = 16,
+        rollout_concurrency: int = ROLLOUT_CONCURRENCY,
         reward_errors: str = "zero",
         handle: ModelHandle | None = None,
+        server: ServerGeneration | None = None,
         **kwargs: Any,
     ) -> FlowGRPOTrainer:
         """Train on rollouts through a graph with the live model as the planner.
@@ -174,6 +180,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             handle: the `ModelHandle` of `model` that other policies (e.g. the frozen base as
                 engine) are built on, so the live planner shares their lock; None: a handle of
                 the trainer's own.
+            server: plan on a vLLM server instead, this step's LoRA adapter loaded into it.
             **kwargs: passed to `__init__` (`context`, `nodes`, `mode`, ...) and TRL.
 
         """
@@ -199,7 +206,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             reward_errors=reward_errors,
         )
         trainer = cls(model, args=args, source=source, **kwargs)
-        trainer.model_handle = handle
+        trainer.model_handle, trainer.server = handle, server
         return trainer
 
     @classmethod
@@ -217,10 +224,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         if not isinstance(self.source, Rollouts):
             raise TypeError("an offline trainer has no rollouts: it replays its trajectories")
         model = self.accelerator.unwrap_model(self.model)
-        if self.model_handle is None or self.model_handle.model is not model:
-            self.model_handle = ModelHandle(model, self.processing_class)
-        version = f"{self.args.output_dir}@{self.state.global_step}"
-        policy = HFPolicy.on(self.model_handle, version=version)
+        policy = live_policy(self, model)
         was_training = model.training
         model.eval()
         try:
@@ -252,13 +256,10 @@ class FlowGRPOTrainer(GRPOTrainer):
             step_credit=self.step_credit,
             sampling=self.flow_context.planner_sampling(),  # stored/offline rows checked
         )
+        if self.server is not None:  # rows an older adapter sampled: importance-corrected
+            self.server.correct(self, batch.rows)
         if not batch.rows:
-            logger.warning(
-                "step %d: this process has no rows to train on (%d rollouts, all dropped or "
-                "without policy turns); an update no process has rows for is skipped",
-                self.state.global_step,
-                len(trajectories),
-            )
+            warn_no_rows(self.state.global_step, len(trajectories))
         tokenizer: Any = self.processing_class
         output = step_tensors(  # global weights, pieces, padding: `training/layout.py`
             batch.rows,
@@ -290,5 +291,5 @@ class FlowGRPOTrainer(GRPOTrainer):
     def _reference_logps(self, tensors: dict[str, Any]) -> Any:
         """Recompute the old logprobs if asked; return the reference's (None at beta 0)."""
         if self.recompute_old_logprobs:  # before any update of this batch, as verl does
-            recompute_old_logps(self, tensors)
+            (self.vllm.recompute_old_logps if self.vllm else recompute_old_logps)(self, tensors)
         return reference_logps(self, tensors) if self.beta != 0.0 else None

@@ -1,0 +1,126 @@
+"""A vLLM-shaped HTTP stand-in: completions from a tiny model, LoRA adapters loaded at run time.
+
+It answers `/v1/completions` (token ids in, token ids and processed logprobs out, as
+`vllm serve --logprobs-mode processed_logprobs` does) from the base model or a loaded adapter,
+named by the request's `model`, and `/v1/load_lora_adapter` / `/v1/unload_lora_adapter` as
+vLLM's runtime LoRA endpoints do: the adapter folder is read when it is loaded (with peft,
+merged into a copy of the base), and what the folder held at that moment is recorded.
+Serve it with `stand_in_server(StandInLoraServer(...))`.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stand_in_server import Recorded, Reply
+
+from flowlearn.nodes.policies.batching import BatchingPolicy
+from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.schema.sampling import Sampling
+
+
+@dataclass
+class Load:
+    name: str
+    path: str
+    files: list[str]
+    """What the folder held when the server read it."""
+
+
+@dataclass
+class StandInLoraServer:
+    """Serve `base_name` from `base` and any adapter loaded into it; record every call."""
+
+    base: Any
+    tokenizer: Any
+    base_name: str = "base"
+    load_reply: Reply | None = None
+    """Answer every load with this instead (a server error)."""
+    loads: list[Load] = field(default_factory=list)
+    unloads: list[str] = field(default_factory=list)
+    models_named: list[str] = field(default_factory=list)
+    """The `model` of every completions request, in arrival order."""
+    events: list[str] = field(default_factory=list)
+    """`load:NAME`, `unload:NAME` and `complete:NAME`, in arrival order."""
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._served = {self.base_name: self._decoder(self.base)}
+
+    def _decoder(self, model: Any) -> BatchingPolicy:
+        return BatchingPolicy(HFPolicy(model, self.tokenizer), max_wait_s=0.0)
+
+    def __call__(self, request: Recorded) -> Reply:
+        route = request.path.rsplit("/", 1)[-1]
+        if route == "load_lora_adapter":
+            return self._load(request.body)
+        if route == "unload_lora_adapter":
+            return self._unload(request.body["lora_name"])
+        if route == "completions":
+            return self._complete(request.body)
+        return Reply(404, {"detail": "Not Found"})
+
+    def _load(self, body: dict[str, str]) -> Reply:
+        name, path = body["lora_name"], body["lora_path"]
+        folder = Path(path)
+        files = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        with self._lock:
+            self.loads.append(Load(name, path, files))
+            self.events.append(f"load:{name}")
+        if self.load_reply is not None:
+            return self.load_reply
+        if name in self._served:
+            message = f"The lora adapter '{name}' has already been loaded."
+            return Reply(400, {"object": "error", "message": message, "code": 400})
+        from peft import PeftModel
+
+        merged = PeftModel.from_pretrained(copy.deepcopy(self.base), path).merge_and_unload()
+        with self._lock:
+            self._served[name] = self._decoder(merged.eval())
+        return Reply(200, f"Success: LoRA adapter '{name}' added successfully.")
+
+    def _unload(self, name: str) -> Reply:
+        with self._lock:
+            self.unloads.append(name)
+            self.events.append(f"unload:{name}")
+            decoder = self._served.pop(name, None)
+        if decoder is None:
+            return Reply(404, {"message": f"The lora adapter '{name}' cannot be found."})
+        decoder.close()
+        return Reply(200, f"Success: LoRA adapter '{name}' removed successfully.")
+
+    def _complete(self, body: dict[str, Any]) -> Reply:
+        name = body["model"]
+        with self._lock:
+            self.models_named.append(name)
+            self.events.append(f"complete:{name}")
+            decoder = self._served.get(name)
+        if decoder is None:
+            return Reply(404, {"message": f"The model `{name}` does not exist."})
+        sampling = Sampling(
+            temperature=body["temperature"],
+            top_p=body["top_p"],
+            max_new_tokens=body["max_tokens"],
+            seed=body.get("seed"),
+        )
+        generation = decoder.submit(list(body["prompt"]), sampling).result()
+        completion = generation.completion_ids or []
+        choice = {
+            "text": generation.text,
+            "token_ids": completion,
+            "prompt_token_ids": body["prompt"],
+            "logprobs": {
+                "tokens": [f"token_id:{i}" for i in completion],
+                "token_logprobs": generation.logprobs or [],
+            },
+        }
+        usage = {"completion_tokens": len(completion), "prompt_tokens": len(body["prompt"])}
+        return Reply(200, {"choices": [choice], "usage": usage})
+
+    def close(self) -> None:
+        for decoder in self._served.values():
+            decoder.close()

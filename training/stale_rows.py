@@ -1,0 +1,118 @@
+"""Importance correction of rows sampled by an older policy version than the weights trained.
+
+Why it looks like this:
+1. With the planner on a server, a row's `policy_version` names the adapter that sampled it;
+   a row of an older adapter than the trainer's weights ("stale") came from another policy.
+2. It is corrected as TRL's vLLM path corrects its samples: the PPO ratio's denominator
+   becomes the trainer's own logprobs under the current weights (a no-grad forward), and the
+   gap to the sampler is weighed by the importance ratio rho = exp(logp_trainer - logp_sampled),
+   per token or per sequence, truncated (clipped) or masked (zeroed) outside
+   [clip_min, clip_max]: TRL's `vllm_importance_sampling_correction`, `_mode`, `_clip_min` and
+   `_clip_max`, with TRL's meanings and defaults.
+3. TRL multiplies each token's policy loss by rho. Since rho >= 0 and that loss is
+   -min(r A, clip(r) A), it equals the loss with the advantage A * rho, so rho rides on the
+   row's per-token advantages (`FlowGRPORow.token_scales`) and the KL term is left alone, as
+   in TRL.
+4. The forward runs on the unwrapped model: no collective, so a process with stale rows never
+   waits for one without.
+5. Stale rows are counted in `flow/stale_rows` (every step), their mean weight in
+   `flow/stale_is_ratio`; with the correction off they are counted and trained as sampled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from flowlearn.training.flow_grpo import FlowGRPORow
+from flowlearn.training.forward import forward_logps
+from flowlearn.training.tensors import rows_to_tensors
+
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""TRL's `vllm_importance_sampling_mode` values."""
+
+
+def importance_weights(
+    trainer_logps: torch.Tensor,
+    sampled_logps: torch.Tensor,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> torch.Tensor:
+    """Return the importance weight of each token of one completion, as TRL computes it.
+
+    Args:
+        trainer_logps: the tokens' logprobs under the weights being trained.
+        sampled_logps: their logprobs under the policy that sampled them.
+        mode: `token_*` weighs each token by its own ratio, `sequence_*` every token by the
+            completion's (the exp of the summed log-ratios); `*_truncate` clips the ratio to
+            [clip_min, clip_max], `*_mask` sets a ratio outside it to 0.
+        clip_min: the lower bound (None: none).
+        clip_max: the upper bound (None: none).
+
+    Raises:
+        ValueError: an unknown mode.
+
+    >>> importance_weights(torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0]),
+    ...                    "token_truncate", clip_max=1.5).tolist()
+    [1.5, 0.3678794503211975]
+
+    """
+    if mode not in IS_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES}, got {mode!r}")
+    diff = torch.nan_to_num(trainer_logps.float() - sampled_logps.float(), nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum().expand_as(diff)
+    ratio = torch.exp(diff)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=low, max=high)
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+def stale_rows(rows: Sequence[FlowGRPORow], current: str) -> list[FlowGRPORow]:
+    """Return the rows some other version than `current` sampled (unversioned rows are not)."""
+    return [r for r in rows if r.policy_version is not None and r.policy_version != current]
+
+
+def correct_stale_rows(trainer: Any, rows: Sequence[FlowGRPORow], current: str) -> int:
+    """Reweigh the stale rows in place (old logprobs, token scales); return and log their count.
+
+    Args:
+        trainer: a `FlowGRPOTrainer`: its unwrapped model scores the rows, its args hold
+            TRL's `vllm_importance_sampling_*` settings, its metrics get the counts.
+        rows: this process's rows of the step.
+        current: the version of the weights being trained.
+
+    """
+    stale = stale_rows(rows, current)
+    metrics = trainer._metrics["train"]
+    metrics["flow/stale_rows"].append(float(len(stale)))
+    args = trainer.args
+    if not stale or not getattr(args, "vllm_importance_sampling_correction", True):
+        return len(stale)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    tensors = rows_to_tensors(
+        stale, trainer.processing_class.pad_token_id, trainer.accelerator.device, [1.0] * len(stale)
+    )
+    logps = forward_logps(trainer, model, tensors).float().cpu()
+    weights: list[float] = []
+    for i, row in enumerate(stale):
+        ours = logps[i, : len(row.completion_ids)]
+        scale = importance_weights(
+            ours,
+            torch.tensor(row.old_logprobs),
+            getattr(args, "vllm_importance_sampling_mode", "sequence_mask"),
+            getattr(args, "vllm_importance_sampling_clip_min", None),
+            getattr(args, "vllm_importance_sampling_clip_max", 3.0),
+        )
+        row.old_logprobs = ours.tolist()  # a new list: the transition's stays as sampled
+        row.token_scales = scale.tolist()
+        weights += row.token_scales
+    if weights:
+        metrics["flow/stale_is_ratio"].append(sum(weights) / len(weights))
+    return len(stale)
