@@ -87,7 +87,8 @@ def _answer(kind: str, rng: random.Random) -> str:
 def _numbers(expression: str, rng: random.Random) -> dict[str, int]:
     if "*" in expression:
         return {"a": rng.randint(101, 999), "b": rng.randint(11, 999), "c": rng.randint(10, 999)}
-    return {"a": rng.randint(1000, 99999), "b": rng.randint(1000, 9999), "c": rng.randint(100, 9999)}
+    a, b = rng.randint(1000, 99999), rng.randint(1000, 9999)
+    return {"a": a, "b": b, "c": rng.randint(100, 9999)}
 
 
 def arithmetic_cases(count: int, rng: random.Random, prefix: str) -> list[dict[str, Any]]:
@@ -123,9 +124,8 @@ def lookup_cases(
         entity = ENTITY_FORMS[relation].format(name=name)
         answer = _answer(kind, rng)
         passage_id = f"{prefix}-{relation}-{i}"
-        passages.append(
-            {"id": passage_id, "title": entity, "text": passage.format(entity=entity, answer=answer)}
-        )
+        text = passage.format(entity=entity, answer=answer)
+        passages.append({"id": passage_id, "title": entity, "text": text})
         question = questions[(i // len(FACTS)) % len(questions)]
         cases.append(
             {
@@ -140,8 +140,11 @@ def lookup_cases(
 
 
 def build(seed: int = 18, train: int = 96, heldout: int = 48) -> dict[str, list[dict[str, Any]]]:
-    """Build the task's three files' records: train and held-out cases (half of each kind) and
-    the corpus. Held-out numbers and names are drawn after training's, never repeating a name."""
+    """Build the task's three files' records: train and held-out cases and the corpus.
+
+    Each split is half of each kind. Held-out numbers and names are drawn after training's,
+    never repeating a name.
+    """
     rng = random.Random(seed)
     used: set[str] = set()
     files: dict[str, list[dict[str, Any]]] = {"corpus": []}
