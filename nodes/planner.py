@@ -273,8 +273,15 @@ def make_planner(
             update["transitions"].append(record)
 
         turn = state.get("turn", 0) + 1
-        fields = {"analysis": analysis, "tools": catalogue, "turn": turn}
-        messages = plan_messages(state, context, available, prefill=prefill, **fields)
+        messages = plan_messages(
+            state,
+            context,
+            available,
+            analysis=analysis,
+            tools=catalogue,
+            turn=turn,
+            prefill=prefill,
+        )
         gen = generate(messages, sampling, **plan_stop(policy))
         return record_decision(update, turn, messages, gen, available, runtime, prefill)
 
