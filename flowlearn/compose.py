@@ -26,16 +26,17 @@ from flowlearn.nodes.policies import (
     HFPolicy,
     ModelNotFoundError,
     Policy,
-    ServerPolicy,
     load_local_models,
 )
 from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, Isolation, default_tools
 from flowlearn.nodes.tools.python_sandbox import ISOLATIONS
 from flowlearn.nodes.tools.web_search import KEY_ENV as TAVILY_KEY_ENV
+from flowlearn.served_models import ServedNameError, server_engine, server_planner
 
 ENV = {
     "planner": "FLOWLEARN_PLANNER",
     "engine": "FLOWLEARN_ENGINE",
+    "engine_url": "FLOWLEARN_ENGINE_URL",
     "corpus": "FLOWLEARN_CORPUS",
     "web": "FLOWLEARN_WEB_TOOLS",
     "cache_dir": "FLOWLEARN_CACHE",
@@ -63,6 +64,9 @@ class FlowSpec:
     """Fixed engine model; None: the planner's model (one copy in memory)."""
     planner_url: str | None = None
     """Plan on an OpenAI-compatible server at this URL; `planner` names the served model."""
+    engine_url: str | None = None
+    """Run the fixed engine on an OpenAI-compatible server at this URL (the planner's too, when
+    one GPU serves both); `engine` names the served model, whose tokenizer must load here."""
     device: str | None = None
     dtype: str | None = None
     engine_max_new_tokens: int | None = None
@@ -163,7 +167,13 @@ def check_names(
         raise UsageError(
             "--planner-url needs --planner: the name the server serves the model under"
         )
-    models = [spec.engine] if spec.planner_url else [spec.planner, spec.engine]
+    if spec.engine_url is not None and spec.engine in {None, "", "default"}:
+        raise UsageError(
+            "--engine-url needs --engine: the name the server serves the engine model under "
+            "(a local folder it was started on, so its tokenizer loads here too)"
+        )
+    served = {spec.planner} if spec.planner_url else set()
+    models = [m for m in (spec.planner, spec.engine) if m not in served]
     for name in filter(None, models):
         check_model_name(name)
 
@@ -216,25 +226,45 @@ def build_flow(
     """
     context = context or Context()
     check_names(spec, tools=context.tools)
-    # On a server the planner is remote; the local model is the engine's (one copy in memory).
-    local = (spec.engine or "default") if spec.planner_url else spec.planner
     try:
-        models = load_local_models(
-            local,
-            spec.engine,
-            device=spec.device,
-            dtype=spec.dtype,
-            engine_max_new_tokens=spec.engine_max_new_tokens,
-            batch_size=spec.batch_size,
-            cache_dir=spec.cache_dir,
-        )
-        planner = models.planner if spec.planner_url is None else server_planner(spec)
+        planner, engine = load_parts(spec)
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
-    tools = build_tools(spec, models.engine)
-    graph = build_agentflow(planner, models.engine, tools, checkpointer=checkpointer)
+    tools = build_tools(spec, engine)
+    graph = build_agentflow(planner, engine, tools, checkpointer=checkpointer)
     names = sorted(context.tools or [tool.name for tool in tools])
-    return Flow(graph, context, planner, models.engine, names)
+    return Flow(graph, context, planner, engine, names)
+
+
+def load_parts(spec: FlowSpec) -> tuple[Policy, HFChatModel]:
+    """Load the planner and the engine: local, or on their servers (`planner_url`, `engine_url`).
+
+    A local planner and a local engine of the same model share one copy in memory; with the
+    planner on a server the local model is the engine's; with both served nothing loads here.
+    """
+    engine: HFChatModel | None = None
+    if spec.engine_url is not None:
+        try:
+            engine = server_engine(
+                spec.engine_url, spec.engine, fixed_max_new_tokens=spec.engine_max_new_tokens
+            )
+        except ServedNameError as exc:
+            raise UsageError(str(exc)) from exc
+        if spec.planner_url is not None:
+            return server_planner(spec.planner_url, spec.planner), engine
+    local = (spec.engine or "default") if spec.planner_url else spec.planner
+    models = load_local_models(
+        local,
+        None if engine is not None else spec.engine,
+        device=spec.device,
+        dtype=spec.dtype,
+        engine_max_new_tokens=spec.engine_max_new_tokens,
+        batch_size=spec.batch_size,
+        cache_dir=spec.cache_dir,
+    )
+    if spec.planner_url is not None:
+        return server_planner(spec.planner_url, spec.planner), models.engine
+    return models.planner, engine or models.engine
 
 
 def load_chat_model(name: str, spec: FlowSpec, *, max_new_tokens: int = 256) -> HFChatModel:
@@ -252,19 +282,3 @@ def load_chat_model(name: str, spec: FlowSpec, *, max_new_tokens: int = 256) -> 
     except ModelNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     return HFChatModel(policy=policy, max_new_tokens=max_new_tokens)
-
-
-def server_planner(spec: FlowSpec) -> Policy:
-    """Return the planner on the server at `spec.planner_url`, serving the `spec.planner` model.
-
-    When the model's tokenizer loads here (a local folder, or a hub id with hub access), the
-    chat template is applied here and prompts go to the server as token ids; otherwise the
-    server renders them. Either way the transitions carry the ids the server returns.
-    """
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(spec.planner)
-    except (OSError, ValueError):
-        tokenizer = None
-    return ServerPolicy(str(spec.planner_url), spec.planner, tokenizer=tokenizer)

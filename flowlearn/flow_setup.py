@@ -70,7 +70,13 @@ def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int | None =
     models.add_argument(
         "--planner-url",
         help="plan on an OpenAI-compatible server (vLLM) at this base URL, e.g. "
-        "http://127.0.0.1:8000/v1; --planner names the served model (the engine stays local)",
+        "http://127.0.0.1:8000/v1; --planner names the served model",
+    )
+    models.add_argument(
+        "--engine-url",
+        help="run the fixed engine on an OpenAI-compatible server (vLLM) at this base URL (the "
+        "planner's, to serve both from one GPU); --engine names the served model, a local "
+        "folder whose tokenizer loads here ($FLOWLEARN_ENGINE_URL)",
     )
     models.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA if available)")
     models.add_argument("--dtype", help="float32, bfloat16, ... (default: bf16 on CUDA, else fp32)")
@@ -126,6 +132,7 @@ def spec_from_args(args: argparse.Namespace) -> FlowSpec:
         planner=args.planner,
         engine=args.engine,
         planner_url=args.planner_url,
+        engine_url=args.engine_url,
         device=args.device,
         dtype=args.dtype,
         engine_max_new_tokens=args.engine_max_new_tokens,

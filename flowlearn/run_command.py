@@ -79,10 +79,10 @@ def answer(args: argparse.Namespace, flow: Flow, saver: Any, config: RunnableCon
     if isinstance(flow.planner, ServerPolicy):  # say where its prompts are rendered
         where = "here" if flow.planner.tokenizer is not None else "by the server"
         planner += f" at {flow.planner.url} (prompts rendered {where})"
-    print(
-        f"planner: {planner}  engine: {flow.engine.policy.version}  "
-        f"tools: {', '.join(flow.tool_names)}"
-    )
+    engine = flow.engine.policy.version
+    if isinstance(flow.engine.policy, ServerPolicy):
+        engine += f" at {flow.engine.policy.url}"
+    print(f"planner: {planner}  engine: {engine}  tools: {', '.join(flow.tool_names)}")
     state: dict[str, Any] = {"question": args.question}
     start = time.perf_counter()
     inputs: InputState | None = None if args.resume else {"question": args.question}

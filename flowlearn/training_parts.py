@@ -23,6 +23,7 @@ from flowlearn.nodes.policies import (
 )
 from flowlearn.nodes.policies.loading import parameter_count, pick_device_and_dtype
 from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
+from flowlearn.served_models import ServedNameError, server_engine
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
 from flowlearn.training.run import TrainingParts, cases_and_scorer
@@ -67,21 +68,42 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
     if data is None:
         return parts
+    parts.engine = training_engine(config, spec, handle, device)
+    parts.tools = build_tools(spec, parts.engine)
+    parts.cases, parts.scorer = data
+    return parts
+
+
+def training_engine(
+    config: FlowGRPOConfig, spec: FlowSpec, handle: ModelHandle, device: str | None
+) -> HFChatModel:
+    """Return the rollouts' fixed engine: on `engine_url`, the frozen base, or its own model.
+
+    Raises:
+        UsageError: a served engine whose tokenizer does not load here.
+
+    """
+    if config.engine_url is not None:  # the server batches the concurrent rollouts' calls
+        try:
+            return server_engine(
+                config.engine_url,
+                config.engine,
+                fixed_max_new_tokens=config.engine_max_new_tokens,
+            )
+        except ServedNameError as exc:
+            raise UsageError(str(exc)) from exc
     if config.engine == "base":
         backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
     else:
         backend = HFPolicy.from_pretrained(
             spec.engine or spec.planner, device=device, cache_dir=spec.cache_dir
         )
-    parts.engine = HFChatModel(
+    return HFChatModel(
         # the rollouts' engine calls are concurrent too: decoded together, not one by one
         policy=BatchingPolicy(backend, max_batch_size=ROLLOUT_CONCURRENCY),
         max_new_tokens=ENGINE_MAX_TOKENS,
         fixed_max_new_tokens=config.engine_max_new_tokens,
     )
-    parts.tools = build_tools(spec, parts.engine)
-    parts.cases, parts.scorer = data
-    return parts
 
 
 def load_planner(

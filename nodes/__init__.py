@@ -13,6 +13,7 @@ from flowlearn.nodes.parsing import (
 from flowlearn.nodes.planner import make_planner
 from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
 from flowlearn.nodes.policies.server import ServerPolicy
+from flowlearn.nodes.policies.server_chat import ServerChatModel
 from flowlearn.nodes.render import policy_transition
 from flowlearn.nodes.schema import (
     Context,
@@ -36,6 +37,7 @@ __all__ = [
     "PlannerDecision",
     "Policy",
     "Sampling",
+    "ServerChatModel",
     "ServerPolicy",
     "State",
     "StepRecord",

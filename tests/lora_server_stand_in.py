@@ -46,6 +46,8 @@ class StandInLoraServer:
     """The `model` of every completions request, in arrival order."""
     events: list[str] = field(default_factory=list)
     """`load:NAME`, `unload:NAME` and `complete:NAME`, in arrival order."""
+    stops: list[list[str]] = field(default_factory=list)
+    """The `stop` strings of every completions request that had some, in arrival order."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -108,18 +110,38 @@ class StandInLoraServer:
             seed=body.get("seed"),
         )
         generation = decoder.submit(list(body["prompt"]), sampling).result()
-        completion = generation.completion_ids or []
+        completion, logprobs = generation.completion_ids or [], generation.logprobs or []
+        text, finish = generation.text, {"finish_reason": "length", "stop_reason": None}
+        if body.get("stop"):
+            with self._lock:
+                self.stops.append(list(body["stop"]))
+            completion, logprobs, text, finish = self._stopped(body["stop"], completion, logprobs)
         choice = {
-            "text": generation.text,
+            "text": text,
             "token_ids": completion,
             "prompt_token_ids": body["prompt"],
             "logprobs": {
                 "tokens": [f"token_id:{i}" for i in completion],
-                "token_logprobs": generation.logprobs or [],
+                "token_logprobs": logprobs,
             },
+            **finish,
         }
         usage = {"completion_tokens": len(completion), "prompt_tokens": len(body["prompt"])}
         return Reply(200, {"choices": [choice], "usage": usage})
+
+    def _stopped(
+        self, stop: list[str], ids: list[int], logprobs: list[float]
+    ) -> tuple[list[int], list[float], str, dict[str, Any]]:
+        """Apply `stop` as vLLM does: ids up to the token completing it, text without it."""
+        for end in range(1, len(ids) + 1):
+            text = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
+            hits = sorted((text.find(s), s) for s in stop if s in text)
+            if hits:
+                at, string = hits[0]
+                finish = {"finish_reason": "stop", "stop_reason": string}
+                return ids[:end], logprobs[:end], text[:at], finish
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return ids, logprobs, text, {"finish_reason": "length", "stop_reason": None}
 
     def close(self) -> None:
         for decoder in self._served.values():

@@ -96,6 +96,11 @@ class FlowGRPOConfig(GRPOConfig):
         "(shared filesystem); default: output_dir/adapters.",
         None,
     )
+    engine_url: str | None = _help(
+        "Run the fixed engine on a vLLM server at this base URL (planner_url's too: one GPU "
+        "serves both); engine names the served model, a folder whose tokenizer loads here.",
+        None,
+    )
     # TRL's fields with the flow's defaults and meaning
     disable_dropout: bool = _help("No dropout in training: rollouts sample without it.", True)
     num_generations: int | None = _help("G, rollouts per question (paper: 8).", 8)

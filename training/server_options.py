@@ -24,6 +24,7 @@ def check_server_options(config: Any) -> None:
         ValueError: the contradiction, named, with what to change.
 
     """
+    check_engine_url(config)
     url = config.planner_url
     if url is None:
         if config.adapter_dir is not None:
@@ -61,3 +62,30 @@ def check_server_options(config: Any) -> None:
     if mode not in IS_MODES:
         raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES}, got {mode!r}")
     config.lora = True
+
+
+def check_engine_url(config: Any) -> None:
+    """Refuse an `engine_url` that cannot serve the rollouts' fixed engine.
+
+    Raises:
+        ValueError: a non-http URL, offline training, or no served model named.
+
+    """
+    url = config.engine_url
+    if url is None:
+        return
+    if not str(url).startswith(("http://", "https://")):
+        raise ValueError(
+            f"engine_url must be the server's OpenAI base URL, http(s)://HOST:PORT/v1, got {url!r}"
+        )
+    if config.trajectories:
+        raise ValueError(
+            "engine_url runs the engine of online rollouts; offline training (trajectories) "
+            "has none: drop one of them"
+        )
+    if config.engine in (None, "", "base", "default"):
+        raise ValueError(
+            f"engine_url needs engine: the name the server serves the engine model under, a "
+            f"local folder it was started on (got {config.engine!r}; 'base' is the frozen base "
+            "in this process, not a served model)"
+        )

@@ -13,6 +13,7 @@ from flowlearn.nodes.policies.local_models import LocalModels, load_local_models
 from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
 from flowlearn.nodes.policies.scripted import ScriptedPolicy
 from flowlearn.nodes.policies.server import ServerError, ServerPolicy
+from flowlearn.nodes.policies.server_chat import ServerChatModel
 
 __all__ = [
     "BatchingPolicy",
@@ -25,6 +26,7 @@ __all__ = [
     "ModelNotFoundError",
     "Policy",
     "ScriptedPolicy",
+    "ServerChatModel",
     "ServerError",
     "ServerPolicy",
     "load_local_models",

@@ -122,9 +122,17 @@ class HFChatModel(BaseChatModel):
         asked = kwargs.get("max_tokens", kwargs.get("max_new_tokens"))
         return int(asked) if asked is not None else self.max_new_tokens
 
+    def _tokenizer(self) -> Any:
+        """Return the tokenizer that decodes this model's completions."""
+        return self.policy.handle.tokenizer
+
+    def _stop_ids(self) -> set[int]:
+        """Return the token ids that end a completion (EOS)."""
+        return self.policy.handle.stop_ids()
+
     def _watch(self, stop: list[str] | None, chat: Messages) -> StopWatch:
         strings = tuple(s for s in [*(self.stop or []), *(stop or [])] if s)
-        tokenizer = self.policy.handle.tokenizer
+        tokenizer = self._tokenizer()
         # A forced call's prefill opens its JSON: the reply is done when the JSON closes.
         prefill = chat[-1]["content"] if chat and chat[-1]["role"] == "assistant" else None
 
@@ -205,7 +213,7 @@ class HFChatModel(BaseChatModel):
             ending["stop_sequence"] = watch.detail
         elif watch.reason is None and gen is not None:
             ids = gen.completion_ids or []
-            ended = bool(ids) and ids[-1] in self.policy.handle.stop_ids()
+            ended = bool(ids) and ids[-1] in self._stop_ids()
             full = len(ids) >= sampling.max_new_tokens and not ended
             ending["finish_reason"] = "length" if full else "stop"
             if full:

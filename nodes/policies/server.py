@@ -20,6 +20,7 @@ import time
 from typing import Any, Literal
 
 from flowlearn.nodes.policies.hf import chat_prompt_ids
+from flowlearn.nodes.policies.stops import StopWatch
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 from flowlearn.nodes.secrets import redact, remember, url_secrets
 
@@ -92,8 +93,16 @@ class ServerPolicy:
         self.logprobs_mode = logprobs_mode
         self.version = version or f"{model}@server"
 
-    def generate(self, messages: Messages, sampling: Sampling) -> Generation:
-        """Sample one completion on the server and return its text, ids and logprobs."""
+    def generate(
+        self, messages: Messages, sampling: Sampling, *, stopping: StopWatch | None = None
+    ) -> Generation:
+        """Sample one completion on the server and return its text, ids and logprobs.
+
+        A `stopping` watch (the engine's: `ServerChatModel`) sends its stop strings with the
+        request, as OpenAI's `stop`, and is then run over the returned ids, so a repetition, a
+        closed tool call or a stop string the server did not apply ends the completion where a
+        local model would have stopped (the tokens after it are dropped, with their logprobs).
+        """
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": sampling.max_new_tokens,
@@ -104,6 +113,8 @@ class ServerPolicy:
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        if stopping is not None and stopping.stop:
+            body["stop"] = list(stopping.stop)
         prompt_ids: list[int] | None = None
         if self.tokenizer is not None:
             prompt_ids = chat_prompt_ids(self.tokenizer, messages)
@@ -124,6 +135,8 @@ class ServerPolicy:
         text = choice["text"] if "text" in choice else choice["message"]["content"] or ""
         prompt_ids = choice.get("prompt_token_ids") or data.get("prompt_token_ids") or prompt_ids
         completion_ids, logprobs = _tokens_and_logprobs(choice)
+        if stopping is not None and completion_ids is not None:
+            completion_ids, logprobs, text = _watched(stopping, completion_ids, logprobs, text)
         notes: list[str] = []
         if completion_ids is None or prompt_ids is None:
             notes.append(
@@ -155,6 +168,23 @@ class ServerPolicy:
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._client.close()
+
+
+def _watched(
+    watch: StopWatch, ids: list[int], logprobs: list[float] | None, text: str
+) -> tuple[list[int], list[float] | None, str]:
+    """Run `watch` over the returned ids as a local decode would; cut them where it fires.
+
+    When it fires on the last token (the server stopped there itself), the server's text is
+    kept; earlier, the text is the watch's decoding of the ids it kept.
+    """
+    for end in range(1, len(ids) + 1):
+        if watch.update(ids[:end]):
+            if end == len(ids):
+                break
+            kept = logprobs[:end] if logprobs is not None else None
+            return ids[:end], kept, watch.decode(ids[:end])
+    return ids, logprobs, text
 
 
 def _tokens_and_logprobs(choice: dict[str, Any]) -> tuple[list[int] | None, list[float] | None]:
