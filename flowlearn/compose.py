@@ -170,11 +170,15 @@ def check_names(
     if spec.engine_url is not None and spec.engine in {None, "", "default"}:
         raise UsageError(
             "--engine-url needs --engine: the name the server serves the engine model under "
-            "(a local folder it was started on, so its tokenizer loads here too)"
+            "(the local folder or cached hub id it was started on, so its tokenizer loads here)"
         )
-    served = {spec.planner} if spec.planner_url else set()
-    models = [m for m in (spec.planner, spec.engine) if m not in served]
-    for name in filter(None, models):
+    for flag, url in (("--planner-url", spec.planner_url), ("--engine-url", spec.engine_url)):
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise UsageError(f"{flag} must be the server's base URL, http(s)://HOST:PORT/v1")
+    # A served model is named as its server knows it (the engine's tokenizer load checks it).
+    planner = None if spec.planner_url else spec.planner
+    engine = None if spec.engine_url else spec.engine
+    for name in filter(None, (planner, engine)):
         check_model_name(name)
 
 

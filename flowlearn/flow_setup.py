@@ -75,8 +75,8 @@ def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int | None =
     models.add_argument(
         "--engine-url",
         help="run the fixed engine on an OpenAI-compatible server (vLLM) at this base URL (the "
-        "planner's, to serve both from one GPU); --engine names the served model, a local "
-        "folder whose tokenizer loads here ($FLOWLEARN_ENGINE_URL)",
+        "planner's, to serve both from one GPU); --engine names the served model: the local "
+        "folder or cached hub id it serves, whose tokenizer loads here ($FLOWLEARN_ENGINE_URL)",
     )
     models.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA if available)")
     models.add_argument("--dtype", help="float32, bfloat16, ... (default: bf16 on CUDA, else fp32)")

@@ -111,11 +111,15 @@ class StandInLoraServer:
         )
         generation = decoder.submit(list(body["prompt"]), sampling).result()
         completion, logprobs = generation.completion_ids or [], generation.logprobs or []
-        text, finish = generation.text, {"finish_reason": "length", "stop_reason": None}
+        full = len(completion) >= body["max_tokens"]  # else it ended at EOS, as vLLM says
+        finish = {"finish_reason": "length" if full else "stop", "stop_reason": None}
+        text = generation.text
         if body.get("stop"):
             with self._lock:
                 self.stops.append(list(body["stop"]))
-            completion, logprobs, text, finish = self._stopped(body["stop"], completion, logprobs)
+            completion, logprobs, text, finish = self._stopped(
+                body["stop"], completion, logprobs, finish
+            )
         choice = {
             "text": text,
             "token_ids": completion,
@@ -130,7 +134,7 @@ class StandInLoraServer:
         return Reply(200, {"choices": [choice], "usage": usage})
 
     def _stopped(
-        self, stop: list[str], ids: list[int], logprobs: list[float]
+        self, stop: list[str], ids: list[int], logprobs: list[float], unstopped: dict[str, Any]
     ) -> tuple[list[int], list[float], str, dict[str, Any]]:
         """Apply `stop` as vLLM does: ids up to the token completing it, text without it."""
         for end in range(1, len(ids) + 1):
@@ -141,7 +145,7 @@ class StandInLoraServer:
                 finish = {"finish_reason": "stop", "stop_reason": string}
                 return ids[:end], logprobs[:end], text[:at], finish
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return ids, logprobs, text, {"finish_reason": "length", "stop_reason": None}
+        return ids, logprobs, text, unstopped
 
     def close(self) -> None:
         for decoder in self._served.values():

@@ -101,7 +101,8 @@ class ServerPolicy:
         A `stopping` watch (the engine's: `ServerChatModel`) sends its stop strings with the
         request, as OpenAI's `stop`, and is then run over the returned ids, so a repetition, a
         closed tool call or a stop string the server did not apply ends the completion where a
-        local model would have stopped (the tokens after it are dropped, with their logprobs).
+        local model would have stopped (the tokens after it are dropped, with their logprobs),
+        and the text is the watch's decoding of the ids kept, as a local engine's is.
         """
         body: dict[str, Any] = {
             "model": self.model,
@@ -136,7 +137,7 @@ class ServerPolicy:
         prompt_ids = choice.get("prompt_token_ids") or data.get("prompt_token_ids") or prompt_ids
         completion_ids, logprobs = _tokens_and_logprobs(choice)
         if stopping is not None and completion_ids is not None:
-            completion_ids, logprobs, text = _watched(stopping, completion_ids, logprobs, text)
+            completion_ids, logprobs, text = _watched(stopping, completion_ids, logprobs)
         notes: list[str] = []
         if completion_ids is None or prompt_ids is None:
             notes.append(
@@ -171,20 +172,18 @@ class ServerPolicy:
 
 
 def _watched(
-    watch: StopWatch, ids: list[int], logprobs: list[float] | None, text: str
+    watch: StopWatch, ids: list[int], logprobs: list[float] | None
 ) -> tuple[list[int], list[float] | None, str]:
     """Run `watch` over the returned ids as a local decode would; cut them where it fires.
 
-    When it fires on the last token (the server stopped there itself), the server's text is
-    kept; earlier, the text is the watch's decoding of the ids it kept.
+    The text is the watch's decoding of the ids kept, as a local engine's is (the caller then
+    cuts a stop string off it). Logprobs that do not pair one to one with the ids are dropped,
+    so the check after this one says so instead of a cut pairing them by accident.
     """
-    for end in range(1, len(ids) + 1):
-        if watch.update(ids[:end]):
-            if end == len(ids):
-                break
-            kept = logprobs[:end] if logprobs is not None else None
-            return ids[:end], kept, watch.decode(ids[:end])
-    return ids, logprobs, text
+    paired = logprobs if logprobs is not None and len(logprobs) == len(ids) else None
+    end = next((end for end in range(1, len(ids) + 1) if watch.update(ids[:end])), len(ids))
+    kept = paired[:end] if paired is not None else None
+    return ids[:end], kept, watch.decode(ids[:end])
 
 
 def _tokens_and_logprobs(choice: dict[str, Any]) -> tuple[list[int] | None, list[float] | None]:

@@ -41,6 +41,7 @@ class ServerChatModel(HFChatModel):
             ValueError: no tokenizer: prompts could not be rendered nor replies watched here.
 
         """
+        super().model_post_init(context)
         if self.policy.tokenizer is None:
             raise ValueError(
                 f"the engine on {self.policy.url} needs its model's tokenizer here, to render "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage
@@ -85,12 +86,12 @@ def test_vllm_engine_server_reply_is_cut_where_the_watch_fires() -> None:
     watch = StopWatch(lambda got: " ".join(map(str, got)), repetition=rule)
     from flowlearn.nodes.policies.server import _watched
 
-    kept, logprobs, text = _watched(watch, ids, [-0.5] * len(ids), "server text")
+    kept, logprobs, text = _watched(watch, ids, [-0.5] * len(ids))
     assert kept == ids[:fired] and logprobs == [-0.5] * fired and fired < len(ids)
     assert text == " ".join(map(str, ids[:fired])) and watch.reason == "repetition"
-    # Fired on the last token (the server stopped there itself): its text is kept.
-    again = StopWatch(lambda got: "".join(map(str, got)), stop=("123",), repetition=None)
-    assert _watched(again, [1, 2, 3], None, "server text") == ([1, 2, 3], None, "server text")
+    # Not fired: all kept, the text decoded from the ids; logprobs that do not pair are dropped.
+    quiet = StopWatch(lambda got: "".join(map(str, got)), stop=("9",), repetition=None)
+    assert _watched(quiet, [1, 2, 3], [-1.0, -2.0]) == ([1, 2, 3], None, "123")
 
 
 def test_vllm_engine_server_needs_the_tokenizer() -> None:
@@ -102,6 +103,7 @@ def test_vllm_engine_server_from_the_cli(
     tiny_model_dir: Path,
     served: tuple[StandInLoraServer, str],
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     stand_in, url = served
     before = len(stand_in.models_named)
@@ -114,7 +116,12 @@ def test_vllm_engine_server_from_the_cli(
     engine_calls = len(stand_in.models_named) - before
     assert engine_calls >= 2 and set(stand_in.models_named[before:]) == {tiny}
     assert f"engine: {tiny}@server at {url}" in capsys.readouterr().out
-    # Both on one server: every call goes there, none is decoded here.
+
+    # Both on one server: every call goes there, no model loads here.
+    def no_local(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a local model was loaded")
+
+    monkeypatch.setattr("flowlearn.compose.load_local_models", no_local)
     before = len(stand_in.models_named)
     assert (
         main(["run", "What is 2+2?", "--planner-url", url, "--planner", tiny, *engine, *flags]) == 0
@@ -129,6 +136,7 @@ def test_vllm_engine_server_from_the_cli(
     [
         (["--engine-url", "http://h:1/v1"], "--engine-url needs --engine"),
         (["--engine-url", "http://h:1/v1", "--engine", "default"], "--engine-url needs --engine"),
+        (["--engine-url", "h:1/v1", "--engine", "m"], "--engine-url must be the server's base"),
     ],
 )
 def test_vllm_engine_server_cli_refusals(
