@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage
 from langchain_core.tools import BaseTool
-from langgraph.types import RetryPolicy, interrupt
-from pydantic import BaseModel, ValidationError, create_model
+from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.catalogue import describe_tool, tool_arguments
 from flowlearn.nodes.messages import to_langchain
@@ -35,6 +34,7 @@ from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord
 from flowlearn.nodes.schema.state import State
 from flowlearn.nodes.secrets import error_text
+from flowlearn.nodes.tool_review import review
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -65,6 +65,27 @@ def _single_argument_fallback(tool: BaseTool, text: str) -> dict[str, Any] | Non
         if spec.get("type", "string") == "string" and text.strip():
             return {name: text.strip()}
     return None
+
+
+def call_example_turns(tool: BaseTool) -> list[dict[str, str]]:
+    """Return the tool's worked call (`metadata["call_example"]`) as an earlier chat turn pair.
+
+    The example (a question, context, sub-goal and the arguments wanted) is rendered by the
+    executor's own prompt, and the reply is the call in the engine's JSON convention, as plain
+    text, so any chat model can read it. None: no turns.
+    """
+    example = (tool.metadata or {}).get("call_example")
+    if not example:
+        return []
+    user = EXECUTOR_PROMPT.format(
+        tool=tool.name,
+        question=example["question"],
+        context=example["context"],
+        sub_goal=example["sub_goal"],
+        tool_description=describe_tool(tool),
+    )
+    call = json.dumps({"name": tool.name, "arguments": example["arguments"]}, ensure_ascii=False)
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": call}]
 
 
 def call_with_timeout(tool: BaseTool, arguments: dict[str, Any], seconds: float) -> Any:
@@ -180,6 +201,7 @@ def make_executor(
                 tool_description=describe_tool(tool),
             )
         )
+        messages[1:1] = call_example_turns(tool)  # after the system prompt
         start = time.perf_counter()
         try:
             arguments, raw, status = propose(engine, tool, messages)
@@ -221,69 +243,6 @@ def make_executor(
         }
 
     return executor
-
-
-RESUME_FORMS = (
-    'True or {"approve": true} to run the call, False or {"approve": false} to reject it, or '
-    '{"arguments": {...}} to run it with arguments that fit the interrupt\'s "schema"'
-)
-_JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list}
-
-
-def review(
-    turn: int, tool: BaseTool, sub_goal: str, arguments: dict[str, Any]
-) -> dict[str, Any] | None:
-    """Pause the run for a human decision on a tool call (LangGraph `interrupt`).
-
-    Returns the arguments to run with (as proposed or as edited), or None for a rejected call.
-    A value none of `RESUME_FORMS`, or an edit that breaks the tool's schema, pauses again with
-    an `error` naming the problem (LangGraph's way to validate human input): it never runs.
-    """
-    request = dict(turn=turn, tool=tool.name, sub_goal=sub_goal, arguments=arguments)
-    request.update(schema=tool_arguments(tool), resume_with=RESUME_FORMS)
-    while (problem := resume_problem(decision := interrupt(request), tool)) is not None:
-        request = {**request, "error": problem}
-    edit = decision if isinstance(decision, dict) else {"approve": decision}
-    if "arguments" in edit:
-        return dict(edit["arguments"])
-    return arguments if edit["approve"] else None
-
-
-def resume_problem(decision: object, tool: BaseTool) -> str | None:
-    """Say what is wrong with an `approve_tools` resume value; None when it is accepted."""
-    edit = decision if isinstance(decision, dict) else {}
-    approve = edit["approve"] if edit.keys() == {"approve"} else None
-    if isinstance(decision, bool) or isinstance(approve, bool):
-        return None
-    if edit.keys() != {"arguments"} or not isinstance(edit["arguments"], dict):
-        return f"unrecognised resume value {decision!r:.200}. Resume with {RESUME_FORMS}"
-    problems = argument_problems(tool, edit["arguments"])
-    why = f"the edited arguments do not fit {tool.name}'s schema: {'; '.join(problems)}"
-    return f"{why}. Resume with {RESUME_FORMS}" if problems else None
-
-
-def argument_problems(tool: BaseTool, arguments: dict[str, Any]) -> list[str]:
-    """List how `arguments` break the tool's schema: unknown, missing, mistyped (strictly) keys."""
-    known = tool.args
-    problems = [f"unknown key {key!r}" for key in sorted(set(arguments) - set(known))]
-    schema: Any = tool.tool_call_schema
-    if not isinstance(schema, dict) and not issubclass(schema, BaseModel):  # a pydantic.v1 model
-        schema = schema.schema()
-    if isinstance(schema, dict):  # a plain JSON schema (MCP tools, say): its top level, checked
-        required = set(schema.get("required", ()))
-        fields: dict[str, Any] = {
-            key: (_JSON_TYPES.get(str(spec.get("type")), Any), ... if key in required else None)
-            for key, spec in known.items()
-        }
-        schema = create_model("Arguments", **fields)
-    given = {key: value for key, value in arguments.items() if key in known}
-    try:
-        schema.model_validate_json(json.dumps(given, default=str), strict=True)
-    except ValidationError as exc:
-        for error in exc.errors(include_url=False):
-            got = "" if error["type"] == "missing" else f", got {error['input']!r:.80}"
-            problems.append(f"{'.'.join(map(str, error['loc']))!r}: {error['msg']}{got}")
-    return problems
 
 
 def _as_text(result: Any) -> str:

@@ -17,7 +17,12 @@ from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies.engine_calls import EngineReply, role_call
-from flowlearn.nodes.prompts import ANSWER_STOP, GENERATOR_MAX_TOKENS, GENERATOR_PROMPT
+from flowlearn.nodes.prompts import (
+    ANSWER_STOP,
+    GENERATOR_EXAMPLES,
+    GENERATOR_MAX_TOKENS,
+    GENERATOR_PROMPT,
+)
 from flowlearn.nodes.render import emit, memory_prompt, transition
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
@@ -56,7 +61,7 @@ def make_generator(
     ask = role_call(engine, retry, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP])
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        messages = memory_prompt(GENERATOR_PROMPT, state)
+        messages = memory_prompt(GENERATOR_PROMPT, state, GENERATOR_EXAMPLES)
         reply = ask(messages)
         text = reply.error if reply.error is not None else closed_reply(reply)
         read = read_answer(text if reply.error is None else "")

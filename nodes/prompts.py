@@ -7,6 +7,8 @@ Templates use `str.format` fields; a test renders each with its declared fields.
 
 from __future__ import annotations
 
+from flowlearn.nodes.schema.records import StepRecord
+
 SYSTEM_PROMPT = "You are a careful assistant that solves problems step by step with tools."
 
 QUERY_ANALYSIS_PROMPT = """\
@@ -91,14 +93,56 @@ Answer the question using the memory of the steps taken.
 
 Question: {question}
 
-Query analysis:
-{analysis}
-
 Memory of previous steps:
 {memory}
 
 Explain briefly how the memory leads to the answer, then give the final answer between
 <answer> and </answer>, with nothing else inside the tags."""
+"""The generator's prompt. It leaves out the query analysis, which the other roles see: measured
+on the embedded SmolLM2 with the right tool result in memory, the engine's own analysis (often
+a rambling list) drew it off the result, 16 of 48 held-out tool-task answers right against 35
+without it."""
+
+GENERATOR_EXAMPLES: tuple[tuple[str, list[StepRecord], str], ...] = (
+    (
+        "What is 12 * 34?",
+        [
+            {
+                "turn": 1,
+                "kind": "action",
+                "tool": "python",
+                "sub_goal": "Compute 12 * 34.",
+                "arguments": {"code": "12 * 34"},
+                "result": "408\n",
+                "error": None,
+            },
+            {"turn": 1, "kind": "verification", "verdict": "STOP"},
+        ],
+        "The python tool computed 12 * 34 and printed 408. <answer>408</answer>",
+    ),
+    (
+        "What is the capital of Kenya?",
+        [
+            {
+                "turn": 1,
+                "kind": "action",
+                "tool": "local_search",
+                "sub_goal": "Find the capital of Kenya.",
+                "arguments": {"query": "capital of Kenya"},
+                "result": "[1] (id: kenya) Kenya\nNairobi is the capital of Kenya.\n\n"
+                "[2] (id: peru) Peru\nLima is the capital of Peru.",
+                "error": None,
+            },
+            {"turn": 1, "kind": "verification", "verdict": "STOP"},
+        ],
+        "The first passage says Nairobi is the capital of Kenya. <answer>Nairobi</answer>",
+    ),
+)
+"""Worked answers shown to the generator as earlier chat turns (question, memory, reply): a
+number from a tool's output and a name from a passage, each answered with only the answer in
+its tags. Measured on the embedded SmolLM2 with the right tool result in memory: 35 of 48
+held-out tool-task answers exactly right with them, 12 without (it answered in sentences). A
+third example (a year from a passage) made it copy that year into 11 answers: two it is."""
 
 EMPTY_MEMORY = "(no steps yet)"
 

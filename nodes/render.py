@@ -50,15 +50,29 @@ def render_memory(memory: Sequence[StepRecord]) -> str:
     return "\n".join(lines)
 
 
-def memory_prompt(template: str, state: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Render a template over the question, analysis and memory (verifier, generator)."""
-    return prompt_messages(
+def memory_prompt(
+    template: str,
+    state: Mapping[str, Any],
+    examples: Sequence[tuple[str, Sequence[StepRecord], str]] = (),
+) -> list[dict[str, str]]:
+    """Render a template over the question, analysis and memory (verifier, generator).
+
+    Each of `examples` (a question, its memory and the reply wanted) comes first as an earlier
+    user and assistant turn, rendered by the same template: small engines follow a shown
+    reply far better than a described one.
+    """
+    messages = prompt_messages(
         template.format(
             question=state["question"],
             analysis=state.get("analysis", ""),
             memory=render_memory(state.get("memory", [])),
         )
     )
+    shown = []
+    for question, memory, reply in examples:
+        user = template.format(question=question, analysis="", memory=render_memory(memory))
+        shown += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    return [messages[0], *shown, *messages[1:]]
 
 
 def prompt_messages(user: str) -> list[dict[str, str]]:

@@ -127,5 +127,7 @@ def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 5) -> BaseTool
                 "context": "The question names the Eiffel Tower.",
                 "sub_goal": "Find the year the Eiffel Tower was completed.",
             },
+            # No "call_example": measured on the embedded SmolLM2, a worked query made it copy
+            # the example's entity into its own (13 of 24 held-out lookups found, 19 without).
         },
     )

@@ -11,7 +11,7 @@ from langgraph.types import Command
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.executor import argument_problems, resume_problem
+from flowlearn.nodes.tool_review import argument_problems, resume_problem
 
 
 def counting_multiply(calls: list[tuple[int, int]]) -> BaseTool:
