@@ -22,6 +22,7 @@ from langgraph.graph.state import CompiledStateGraph
 from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.graphs import Context, InputState, State, build_agentflow
 from flowlearn.nodes.policies import (
+    BASE_SOURCE,
     HFChatModel,
     HFPolicy,
     ModelNotFoundError,
@@ -256,7 +257,7 @@ def load_parts(spec: FlowSpec) -> tuple[Policy, HFChatModel]:
             raise UsageError(str(exc)) from exc
         if spec.planner_url is not None:
             return server_planner(spec.planner_url, spec.planner), engine
-    local = (spec.engine or "default") if spec.planner_url else spec.planner
+    local = (spec.engine or BASE_SOURCE) if spec.planner_url else spec.planner
     models = load_local_models(
         local,
         None if engine is not None else spec.engine,

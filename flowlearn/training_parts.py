@@ -20,6 +20,7 @@ from flowlearn.nodes.policies import (
     ModelHandle,
     ModelNotFoundError,
     load_model_and_tokenizer,
+    untrained_twin,
 )
 from flowlearn.nodes.policies.loading import parameter_count, pick_device_and_dtype
 from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
@@ -96,7 +97,7 @@ def training_engine(
         backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
     else:
         backend = HFPolicy.from_pretrained(
-            spec.engine or spec.planner, device=device, cache_dir=spec.cache_dir
+            spec.engine or untrained_twin(spec.planner), device=device, cache_dir=spec.cache_dir
         )
     return HFChatModel(
         # the rollouts' engine calls are concurrent too: decoded together, not one by one

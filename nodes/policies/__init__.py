@@ -8,7 +8,12 @@ from flowlearn.nodes.policies.frozen_base import FrozenBasePolicy
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.hf_chat import HFChatModel
-from flowlearn.nodes.policies.loading import ModelNotFoundError, load_model_and_tokenizer
+from flowlearn.nodes.policies.loading import (
+    BASE_SOURCE,
+    ModelNotFoundError,
+    load_model_and_tokenizer,
+    untrained_twin,
+)
 from flowlearn.nodes.policies.local_models import LocalModels, load_local_models
 from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
 from flowlearn.nodes.policies.scripted import ScriptedPolicy
@@ -16,6 +21,7 @@ from flowlearn.nodes.policies.server import ServerError, ServerPolicy
 from flowlearn.nodes.policies.server_chat import ServerChatModel
 
 __all__ = [
+    "BASE_SOURCE",
     "BatchingPolicy",
     "ChatModelPolicy",
     "FrozenBasePolicy",
@@ -31,4 +37,5 @@ __all__ = [
     "ServerPolicy",
     "load_local_models",
     "load_model_and_tokenizer",
+    "untrained_twin",
 ]

@@ -11,6 +11,27 @@ from flowlearn.nodes.files import save_atomically
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SOURCES = ("default", "smollm2", "")
+"""Names of the default planner: the embedded SmolLM2, with the shipped adapter if there is one."""
+BASE_SOURCE = "default-base"
+"""The embedded SmolLM2 as it comes, untrained: the default engine, and `--planner default-base`."""
+SHIPPED_ADAPTER = Path(__file__).parent / "data" / "default_planner"
+"""The LoRA adapter Flow-GRPO trained on the tool-use task (examples/learn_tools.yaml), merged
+into the embedded SmolLM2 when the default planner loads."""
+
+
+def shipped_adapter() -> Path | None:
+    """Return the folder of the shipped planner adapter, or None when the package has none."""
+    return SHIPPED_ADAPTER if (SHIPPED_ADAPTER / "adapter_config.json").is_file() else None
+
+
+def untrained_twin(source: str | os.PathLike[str] | None) -> str:
+    """Name the untrained model under `source`: `default-base` for the adapted default.
+
+    The fixed engine is the embedded model as it comes whatever the planner learned, so an
+    engine left unset next to the default planner is this, not the planner's weights.
+    """
+    text = str(source) if source is not None else ""
+    return BASE_SOURCE if text.lower() in DEFAULT_SOURCES and shipped_adapter() else text
 
 
 class ModelNotFoundError(RuntimeError):
@@ -104,7 +125,7 @@ def model_location(
 
     """
     text = str(source) if source is not None else ""
-    if text.lower() in DEFAULT_SOURCES:
+    if text.lower() in (*DEFAULT_SOURCES, BASE_SOURCE):
         return default_model_dir(cache_dir), {}
     if text.endswith(".gguf"):
         path = Path(text).expanduser()
@@ -152,8 +173,9 @@ def load_model_and_tokenizer(
     """Load a causal LM and its tokenizer from a hub id, a folder, a .gguf file or the default.
 
     Args:
-        source: None or "default" for the embedded SmolLM2; a path ending in `.gguf`; a local
-            folder; or a Hugging Face hub id.
+        source: None or "default" for the embedded SmolLM2 with the shipped planner adapter
+            merged in (`shipped_adapter`), "default-base" for it untrained; a path ending in
+            `.gguf`; a local folder; or a Hugging Face hub id.
         device: "cpu", "cuda", "cuda:1", ...; None picks CUDA when available.
         dtype: a torch dtype name; None picks bf16 on CUDA and fp32 on CPU.
         cache_dir: where the converted default model is kept; None: `$XDG_CACHE_HOME/flowlearn`
@@ -179,6 +201,23 @@ def load_model_and_tokenizer(
         ) from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    adapter = shipped_adapter() if text.lower() in DEFAULT_SOURCES else None
+    if adapter is not None:
+        model = with_adapter(model, adapter)
     model.to(chosen)
     model.eval()
     return model, tokenizer
+
+
+def with_adapter(model: Any, folder: Path) -> Any:
+    """Merge the LoRA adapter in `folder` into `model` (peft); return the plain merged model."""
+    try:
+        from peft import PeftModel
+    except ImportError as exc:
+        raise ModelNotFoundError(
+            "the default planner is the embedded SmolLM2 with a trained LoRA adapter, which "
+            "needs peft: `pip install peft` (or `make install`), or use --planner default-base"
+        ) from exc
+    merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    merged.config.name_or_path = f"{DEFAULT_MODEL_NAME}+{folder.name}"
+    return merged

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from flowlearn.nodes.policies.batching import BatchingPolicy
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.hf_chat import HFChatModel
+from flowlearn.nodes.policies.loading import untrained_twin
 from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
 
 
@@ -33,8 +34,9 @@ def load_local_models(
 
     Args:
         planner: "default" (the embedded SmolLM2-135M-Instruct), a hub id, a folder or a .gguf.
-        engine: the engine's model; None: the planner's. When both name the same source they
-            share one model in memory.
+        engine: the engine's model; None: the planner's (for the default planner, the embedded
+            model without its trained adapter: `default-base`). When both name the same source
+            they share one model in memory.
         device: "cpu", "cuda", ...; None picks CUDA when available.
         dtype: a torch dtype name; None picks bf16 on CUDA and fp32 on CPU.
         engine_max_new_tokens: the engine's token budget for every call; None: each role's
@@ -44,7 +46,7 @@ def load_local_models(
         cache_dir: where the converted default model is kept (see `loading.cache_dir`).
 
     """
-    engine_source = engine or planner
+    engine_source = engine or untrained_twin(planner)  # the default engine is never trained
 
     def load(source: str) -> HFPolicy:
         return HFPolicy.from_pretrained(source, device=device, dtype=dtype, cache_dir=cache_dir)

@@ -1,0 +1,75 @@
+"""The default planner: the embedded model with the shipped adapter; default-base without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from flowlearn.nodes.policies import loading
+from flowlearn.nodes.policies.loading import load_model_and_tokenizer, untrained_twin
+from flowlearn.nodes.policies.local_models import load_local_models
+
+
+@pytest.fixture
+def shipped(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Stand the tiny model in for the embedded one, with a trained-looking adapter shipped."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    adapter = get_peft_model(
+        model, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
+    with torch.no_grad():  # LoRA starts at zero: move B so the adapter changes the model
+        for name, weight in adapter.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(std=0.5)
+    folder = tmp_path / "default_planner"
+    adapter.save_pretrained(folder)
+    monkeypatch.setattr(loading, "SHIPPED_ADAPTER", folder)
+    monkeypatch.setattr(loading, "default_model_dir", lambda cache=None: tiny_model_dir)
+    return folder
+
+
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([[5, 6, 7, 8]])).logits
+
+
+def test_default_planner_merges_the_shipped_adapter_and_default_base_does_not(
+    tiny_model_dir: Path, shipped: Path
+) -> None:
+    base, _ = load_model_and_tokenizer("default-base", device="cpu")
+    trained, _ = load_model_and_tokenizer("default", device="cpu")
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert torch.equal(logits(base), logits(plain))  # default-base: the model as it comes
+    assert not torch.allclose(logits(trained), logits(plain), atol=1e-3)
+    assert type(trained) is type(plain)  # merged: a plain model, no peft wrapper
+    assert trained.config.name_or_path.endswith("+default_planner")
+    assert untrained_twin("default") == "default-base" and untrained_twin("x/y") == "x/y"
+
+
+def test_default_planner_engine_is_untrained(tiny_model_dir: Path, shipped: Path) -> None:
+    models = load_local_models("default", device="cpu")
+    planner, engine = models.planner.model, models.engine.policy.model
+    assert planner is not engine
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert torch.equal(logits(engine), logits(plain))
+    assert not torch.allclose(logits(planner), logits(plain), atol=1e-3)
+    # An engine named outright is that model, and default-base shares one copy with itself.
+    same = load_local_models("default-base", device="cpu")
+    assert same.planner.model is same.engine.policy.model
+
+
+def test_default_planner_without_a_shipped_adapter_is_the_base(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loading, "SHIPPED_ADAPTER", tmp_path / "none")
+    monkeypatch.setattr(loading, "default_model_dir", lambda cache=None: tiny_model_dir)
+    assert untrained_twin("default") == "default"
+    models = load_local_models("default", device="cpu")
+    assert models.planner.model is models.engine.policy.model  # one copy

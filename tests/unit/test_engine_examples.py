@@ -1,0 +1,89 @@
+"""Worked examples the small engine is shown: the generator's answers, a tool's worked call."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage
+
+from fakes import FakeChatModel
+from flowlearn.graphs import Context
+from flowlearn.nodes import make_executor, make_generator
+from flowlearn.nodes.executor import call_example_turns
+from flowlearn.nodes.prompts import GENERATOR_EXAMPLES
+from flowlearn.nodes.tools import default_tools
+
+STATE: dict[str, Any] = {
+    "question": "What is 5 * 7?",
+    "analysis": "A LONG RAMBLING ANALYSIS",
+    "started_at": 0.0,
+    "memory": [
+        {
+            "turn": 1,
+            "kind": "action",
+            "tool": "python",
+            "sub_goal": "Compute 5 * 7.",
+            "arguments": {"code": "5 * 7"},
+            "result": "35\n",
+            "error": None,
+        },
+    ],
+}
+
+
+def runtime() -> Any:
+    return SimpleNamespace(context=Context())
+
+
+def recording(text: str, seen: list[list[BaseMessage]]) -> FakeChatModel:
+    def respond(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> Any:
+        seen.append(messages)
+        if tools:
+            return AIMessage(
+                "", tool_calls=[{"name": "python", "args": {"code": "5 * 7"}, "id": "1"}]
+            )
+        return AIMessage(text)
+
+    return FakeChatModel(respond=respond)
+
+
+def test_the_generator_sees_worked_answers_first_and_no_query_analysis() -> None:
+    seen: list[list[BaseMessage]] = []
+    update = make_generator(recording("So. <answer>35</answer>", seen))(STATE, runtime())
+    (messages,) = seen
+    roles = [m.type for m in messages]
+    assert roles == ["system", *["human", "ai"] * len(GENERATOR_EXAMPLES), "human"]
+    for (question, _, answer), shown, replied in zip(
+        GENERATOR_EXAMPLES, messages[1:-1:2], messages[2:-1:2], strict=True
+    ):
+        assert f"Question: {question}" in shown.text and replied.text == answer
+        assert "<answer>" in answer  # each example answers in the tags, only the answer
+    asked = messages[-1].text
+    assert "What is 5 * 7?" in asked and "Result: 35" in asked
+    assert "RAMBLING" not in asked  # the analysis is left out
+    assert update["answer"] == "35"
+    # The transition records exactly what the engine read, examples included.
+    assert len(update["transitions"][0]["messages"]) == len(messages)
+
+
+def test_the_python_tool_shows_the_executor_a_worked_call_and_local_search_none() -> None:
+    tools = {t.name: t for t in default_tools(None)}
+    turns = call_example_turns(tools["python"])
+    assert [t["role"] for t in turns] == ["user", "assistant"]
+    assert json.loads(turns[1]["content"]) == {"name": "python", "arguments": {"code": "12 * 34"}}
+    assert "Sub-Goal: Compute 12 * 34." in turns[0]["content"]
+    assert call_example_turns(tools["local_search"]) == []
+    seen: list[list[BaseMessage]] = []
+    plan = {
+        "turn": 1,
+        "justification": "",
+        "context": "5 and 7",
+        "sub_goal": "5*7",
+        "tool": "python",
+    }
+    make_executor(recording("", seen), [tools["python"]])({**STATE, "plan": plan}, runtime())
+    (messages,) = seen
+    assert [m.type for m in messages[:3]] == ["system", "human", "ai"]
+    assert "Sub-Goal: 5*7" in messages[-1].text  # the real call comes last
