@@ -33,15 +33,7 @@ def check_server_options(config: Any) -> None:
                 "planner_url nothing is written there: set planner_url or drop adapter_dir"
             )
         return
-    if not str(url).startswith(("http://", "https://")):
-        raise ValueError(
-            f"planner_url must be the server's OpenAI base URL, http(s)://HOST:PORT/v1, got {url!r}"
-        )
-    if config.trajectories:
-        raise ValueError(
-            "planner_url samples online rollouts; offline training (trajectories) has none: "
-            "drop one of them"
-        )
+    check_online_url("planner_url", url, config, "samples online rollouts")
     if config.lora is False:
         raise ValueError(
             "planner_url trains a LoRA adapter and loads it into the server after every step; "
@@ -74,18 +66,27 @@ def check_engine_url(config: Any) -> None:
     url = config.engine_url
     if url is None:
         return
-    if not str(url).startswith(("http://", "https://")):
-        raise ValueError(
-            f"engine_url must be the server's OpenAI base URL, http(s)://HOST:PORT/v1, got {url!r}"
-        )
-    if config.trajectories:
-        raise ValueError(
-            "engine_url runs the engine of online rollouts; offline training (trajectories) "
-            "has none: drop one of them"
-        )
+    check_online_url("engine_url", url, config, "runs the engine of online rollouts")
     if config.engine in (None, "", "base", "default"):
         raise ValueError(
             f"engine_url needs engine: the name the server serves the engine model under, a "
             f"local folder it was started on (got {config.engine!r}; 'base' is the frozen base "
             "in this process, not a served model)"
+        )
+
+
+def check_online_url(name: str, url: object, config: Any, does: str) -> None:
+    """Refuse a server URL option that is not http(s), or that offline training gives.
+
+    Raises:
+        ValueError: naming the option `name`, what it `does`, and the fix.
+
+    """
+    if not str(url).startswith(("http://", "https://")):
+        raise ValueError(
+            f"{name} must be the server's OpenAI base URL, http(s)://HOST:PORT/v1, got {url!r}"
+        )
+    if config.trajectories:
+        raise ValueError(
+            f"{name} {does}; offline training (trajectories) has none: drop one of them"
         )

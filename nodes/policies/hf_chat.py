@@ -222,6 +222,24 @@ class HFChatModel(BaseChatModel):
             del ending["finish_reason"]
         return {**ending, **({"notes": notes} if notes else {})}
 
+    def _whole_reply(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | None,
+        **kwargs: Any,
+    ) -> ChatGenerationChunk:
+        """Generate the whole reply and return it as one stream chunk (calls and metadata too)."""
+        message = self._generate(messages, stop, run_manager, **kwargs).generations[0].message
+        assert isinstance(message, AIMessage)
+        return ChatGenerationChunk(
+            message=AIMessageChunk(
+                content=message.content,
+                tool_calls=message.tool_calls,
+                response_metadata=message.response_metadata,
+            )
+        )
+
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -231,16 +249,7 @@ class HFChatModel(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         chat, sampling, tools, _ = self._prepare(messages, kwargs)
         if tools:  # a tool call is only known once the whole JSON is there
-            result = self._generate(messages, stop, run_manager, **kwargs)
-            message = result.generations[0].message
-            assert isinstance(message, AIMessage)
-            yield ChatGenerationChunk(
-                message=AIMessageChunk(
-                    content=message.content,
-                    tool_calls=message.tool_calls,
-                    response_metadata=message.response_metadata,
-                )
-            )
+            yield self._whole_reply(messages, stop, run_manager, **kwargs)
             return
         watch = self._watch(stop, chat)
         text = sent = ""

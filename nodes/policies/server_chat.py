@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk
 from pydantic import Field
 
@@ -66,15 +66,7 @@ class ServerChatModel(HFChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        message = self._generate(messages, stop, run_manager, **kwargs).generations[0].message
-        assert isinstance(message, AIMessage)
-        chunk = ChatGenerationChunk(
-            message=AIMessageChunk(
-                content=message.content,
-                tool_calls=message.tool_calls,
-                response_metadata=message.response_metadata,
-            )
-        )
-        if run_manager and message.text:
-            run_manager.on_llm_new_token(message.text, chunk=chunk)
+        chunk = self._whole_reply(messages, stop, run_manager, **kwargs)
+        if run_manager and chunk.text:
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
         yield chunk
