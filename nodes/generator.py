@@ -61,7 +61,7 @@ def make_generator(
     ask = role_call(engine, retry, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP])
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        messages = memory_prompt(GENERATOR_PROMPT, state, GENERATOR_EXAMPLES)
+        messages = memory_prompt(GENERATOR_PROMPT, state, GENERATOR_EXAMPLES, arguments=False)
         reply = ask(messages)
         text = reply.error if reply.error is not None else closed_reply(reply)
         read = read_answer(text if reply.error is None else "")

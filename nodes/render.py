@@ -24,8 +24,11 @@ def _under(value: Any) -> str:
     return "\n    ".join(str(value).splitlines())
 
 
-def render_memory(memory: Sequence[StepRecord]) -> str:
-    """Render step records as numbered lines the agents can read."""
+def render_memory(memory: Sequence[StepRecord], *, arguments: bool = True) -> str:
+    """Render step records as numbered lines the agents can read.
+
+    `arguments=False` leaves each action's tool arguments out (the generator's view).
+    """
     if not memory:
         return EMPTY_MEMORY
     lines = []
@@ -33,14 +36,15 @@ def render_memory(memory: Sequence[StepRecord]) -> str:
         kind = record["kind"]
         head = f"Step {record['turn']}"
         if kind == "action":
-            arguments = json.dumps(record.get("arguments"), ensure_ascii=False, default=str)
+            called = json.dumps(record.get("arguments"), ensure_ascii=False, default=str)
             outcome = (
                 f"Error: {record.get('error')}" if record.get("error") else record.get("result")
             )
+            shown = f"  Arguments: {_under(called)}\n" if arguments else ""
             lines.append(
                 f"{head} (tool {_under(record.get('tool'))}):\n"
                 f"  Sub-Goal: {_under(record.get('sub_goal', ''))}\n"
-                f"  Arguments: {_under(arguments)}\n  Result: {_under(outcome)}"
+                f"{shown}  Result: {_under(outcome)}"
             )
         elif kind == "format_error":
             error = _under(record.get("error"))
@@ -54,23 +58,26 @@ def memory_prompt(
     template: str,
     state: Mapping[str, Any],
     examples: Sequence[tuple[str, Sequence[StepRecord], str]] = (),
+    *,
+    arguments: bool = True,
 ) -> list[dict[str, str]]:
     """Render a template over the question, analysis and memory (verifier, generator).
 
     Each of `examples` (a question, its memory and the reply wanted) comes first as an earlier
     user and assistant turn, rendered by the same template: small engines follow a shown
-    reply far better than a described one.
+    reply far better than a described one. `arguments` as for `render_memory`.
     """
     messages = prompt_messages(
         template.format(
             question=state["question"],
             analysis=state.get("analysis", ""),
-            memory=render_memory(state.get("memory", [])),
+            memory=render_memory(state.get("memory", []), arguments=arguments),
         )
     )
     shown = []
     for question, memory, reply in examples:
-        user = template.format(question=question, analysis="", memory=render_memory(memory))
+        rendered = render_memory(memory, arguments=arguments)
+        user = template.format(question=question, analysis="", memory=rendered)
         shown += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
     return [messages[0], *shown, *messages[1:]]
 

@@ -10,7 +10,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 from fakes import FakeChatModel
 from flowlearn.graphs import Context
-from flowlearn.nodes import make_executor, make_generator
+from flowlearn.nodes import make_executor, make_generator, make_verifier
 from flowlearn.nodes.executor import call_example_turns
 from flowlearn.nodes.prompts import GENERATOR_EXAMPLES
 from flowlearn.nodes.tools import default_tools
@@ -63,9 +63,18 @@ def test_the_generator_sees_worked_answers_first_and_no_query_analysis() -> None
     asked = messages[-1].text
     assert "What is 5 * 7?" in asked and "Result: 35" in asked
     assert "RAMBLING" not in asked  # the analysis is left out
+    # Tool arguments are left out of every memory it reads, the examples' too.
+    assert all("Arguments:" not in m.text for m in messages)
+    assert "Sub-Goal: Compute 5 * 7." in asked
     assert update["answer"] == "35"
     # The transition records exactly what the engine read, examples included.
     assert len(update["transitions"][0]["messages"]) == len(messages)
+
+
+def test_the_verifier_still_reads_the_tool_arguments() -> None:
+    seen: list[list[BaseMessage]] = []
+    make_verifier(recording("Conclusion: STOP", seen))(STATE, runtime())
+    assert 'Arguments: {"code": "5 * 7"}' in seen[0][-1].text
 
 
 def test_the_python_tool_shows_the_executor_a_worked_call_and_local_search_none() -> None:

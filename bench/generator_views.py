@@ -1,0 +1,103 @@
+"""What the generator should see: its answers from the same tool results, rendered four ways.
+
+For every held-out tool-task case, the engine's own tool call from `bench/engine_ceiling.py`
+(read from bench/results/engine_ceiling.json; run that first) is replayed: arithmetic keeps the
+recorded python result, a lookup reruns the recorded query on the task's corpus with `k`
+passages. The embedded SmolLM2 generator then answers from memory shown as:
+- `arguments`: the tool call's arguments shown (as the other roles see them), 5 passages;
+- `no-arguments`: arguments left out, 5 passages;
+- `no-arguments k=3`: arguments left out, 3 passages (the shipped view);
+- `restating reply`: as the shipped view, with the worked python answer restating the
+  expression ("computed 12 * 34 and printed 408") as it once did.
+
+Prints exact-match answers right per kind for each view. Run: `python bench/generator_views.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from flowlearn.evals.scorers import exact_match
+from flowlearn.evals.tool_task import CORPUS_FILE
+from flowlearn.nodes.generator import closed_reply
+from flowlearn.nodes.parsing import read_answer
+from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
+from flowlearn.nodes.policies.engine_calls import role_call
+from flowlearn.nodes.prompts import (
+    ANSWER_STOP,
+    GENERATOR_EXAMPLES,
+    GENERATOR_MAX_TOKENS,
+    GENERATOR_PROMPT,
+)
+from flowlearn.nodes.render import memory_prompt
+from flowlearn.nodes.tools.local_search import local_search_tool
+
+CEILING = Path(__file__).parent / "results" / "engine_ceiling.json"
+_question, _memory, _ = GENERATOR_EXAMPLES[0]
+RESTATING = (
+    (_question, _memory, "The python tool computed 12 * 34 and printed 408. <answer>408</answer>"),
+    GENERATOR_EXAMPLES[1],
+)
+VIEWS = {
+    "arguments": (True, 5, GENERATOR_EXAMPLES),
+    "no-arguments": (False, 5, GENERATOR_EXAMPLES),
+    "no-arguments k=3": (False, 3, GENERATOR_EXAMPLES),
+    "restating reply": (False, 3, RESTATING),
+}
+
+
+def replayed_memory(row: dict[str, Any], k: int) -> list[dict[str, Any]]:
+    """Return the case's memory: its recorded call, the lookup rerun with `k` passages."""
+    arguments = row["arguments"] or {}
+    lookup = "query" in arguments
+    result = (
+        local_search_tool(CORPUS_FILE, k=k).invoke({"query": str(arguments["query"])})
+        if lookup
+        else row["tool_result"]
+    )
+    action = {
+        "turn": 1,
+        "kind": "action",
+        "tool": "local_search" if lookup else "python",
+        "sub_goal": row["question"].rstrip("?."),
+        "arguments": arguments,
+        "result": result,
+        "error": None,
+    }
+    return [action, {"turn": 1, "kind": "verification", "verdict": "STOP"}]
+
+
+async def main() -> None:
+    """Answer every case under every view, 16 at a time; print right answers per kind."""
+    rows = json.loads(CEILING.read_text())["rows"]
+    policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
+    ask = role_call(
+        HFChatModel(policy=policy), None, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP]
+    )
+
+    async def answer(row: dict[str, Any], view: tuple[bool, int, Any]) -> bool:
+        arguments, k, examples = view
+        state = {"question": row["question"], "memory": replayed_memory(row, k)}
+        messages = memory_prompt(GENERATOR_PROMPT, state, examples, arguments=arguments)
+        reply = await asyncio.to_thread(ask, messages)
+        return exact_match(read_answer(closed_reply(reply)).answer, row["reference"]).value == 1
+
+    lookups = ["query" in (row["arguments"] or {}) for row in rows]
+    for name, view in VIEWS.items():
+        start = time.perf_counter()
+        right = await asyncio.gather(*[answer(row, view) for row in rows])
+        found = sum(r for r, lookup in zip(right, lookups, strict=True) if lookup)
+        computed = sum(r for r, lookup in zip(right, lookups, strict=True) if not lookup)
+        print(
+            f"{name:18} lookups {found}/{sum(lookups)}, arithmetic {computed}/"
+            f"{len(rows) - sum(lookups)}  ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
