@@ -1,0 +1,154 @@
+"""The `python` tool's sandbox, attacked as a hostile model would: the limits on a run hold."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from sandbox_probe import sandboxed
+
+from flowlearn.nodes.tools.python_sandbox import NO_OUTPUT, run_python
+
+
+def host_processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+SPAWN = """import os, subprocess, sys, time
+sleeper = [sys.executable, '-c', 'import time; time.sleep(60)', '{marker}']
+if os.fork() == 0:  # a plain background child
+    os.execv(sys.executable, sleeper)
+if os.fork() == 0:  # setsid, then a double fork: the grandchild is an orphan in a new session
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, sleeper)
+    os._exit(0)
+subprocess.Popen(sleeper, start_new_session=True, stdout=subprocess.DEVNULL)
+time.sleep({linger})
+print('spawned')
+"""
+
+
+@sandboxed
+def test_background_setsid_and_double_forked_children_end_with_the_run() -> None:
+    marker = f"flowlearn-marker-{uuid.uuid4().hex}"
+    result: list[str] = []
+    run = threading.Thread(
+        target=lambda: result.append(run_python(SPAWN.format(marker=marker, linger=1.5)))
+    )
+    run.start()
+    seen: list[int] = []
+    deadline = time.monotonic() + 5
+    while len(seen) < 3 and time.monotonic() < deadline:
+        seen = host_processes_with(marker)
+        time.sleep(0.05)
+    run.join()
+    assert len(seen) == 3, "the scan should see the three sleepers while the run lasts"
+    assert result == ["spawned"]
+    assert host_processes_with(marker) == []
+
+
+@pytest.mark.parametrize(
+    "trick",
+    [
+        "import os\nos.mkfifo('.stdout')\nopen('.stdout', 'w').write('x')",
+        "import os\nos.mkfifo('f')\nfd = os.open('f', os.O_RDWR)\nos.dup2(fd, 1)\n"
+        "print('x' * 10**7, flush=True)",
+        "import os, time\nos.close(1)\nos.close(2)\nwhile True:\n    time.sleep(0.01)",
+        "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass",
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    signal = __import__('signal')\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    while True:\n        pass\n"
+        "time.sleep(30)",
+    ],
+    ids=["fifo-named-stdout", "fifo-on-fd-1", "closed-output", "sigterm-spinner", "setsid-spin"],
+)
+@sandboxed
+def test_timeout_holds_against_output_tricks(trick: str) -> None:
+    start = time.monotonic()
+    out = run_python(trick, timeout=1)
+    assert time.monotonic() - start < 3
+    assert out.endswith("Error: timed out after 1 s; the process was killed."), out
+
+
+@sandboxed
+def test_a_replaced_stdout_cannot_redirect_or_block_the_reader() -> None:
+    code = "import os\nos.close(1)\nos.open('elsewhere', os.O_WRONLY | os.O_CREAT)\nprint('hidden')"
+    start = time.monotonic()
+    assert run_python(code, timeout=5) == NO_OUTPUT
+    assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize(
+    "bomb",
+    [
+        "import os, time\nn = 0\ntry:\n    while n < 500:\n        if os.fork() == 0:\n"
+        "            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
+        "except OSError as exc:\n    print('fork refused at', n, exc.strerror)",
+        "import threading, time\nn = 0\ntry:\n    while n < 500:\n"
+        "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "        n += 1\nexcept RuntimeError as exc:\n    print('thread refused at', n, exc)",
+    ],
+    ids=["fork-loop", "thread-loop"],
+)
+@sandboxed
+def test_process_count_is_bounded(bomb: str) -> None:
+    out = run_python(bomb, max_processes=16, memory_mb=4096, timeout=10)
+    refused = re.search(r"refused at (\d+)", out)
+    killed = re.search(r"ran (\d+) processes and threads, over the limit of 16", out)
+    assert refused or killed, out
+    count = int((refused or killed).group(1))  # type: ignore[union-attr]
+    # RLIMIT_NPROC stops it exactly (non-root hosts); else the 20 ms count kills it soon after.
+    assert count <= 16 if refused else count < 250, out
+
+
+@sandboxed
+def test_memory_of_the_whole_tree_is_bounded() -> None:
+    code = (
+        "import os, time\nfor _ in range(8):\n    if os.fork() == 0:\n"
+        "        block = b'x' * (150 * 2**20)\n        time.sleep(20)\n        os._exit(0)\n"
+        "time.sleep(20)"
+    )
+    start = time.monotonic()
+    out = run_python(code, memory_mb=400, timeout=15)
+    held = re.search(r"held (\d+) MB together, over the 400 MB limit", out)
+    assert held, out  # 8 x 150 MB were asked for: 1200 MB
+    assert int(held.group(1)) < 600 and time.monotonic() - start < 10, out
+
+
+@sandboxed
+def test_disk_is_bounded_and_a_full_disk_fails_cleanly() -> None:
+    code = "f = open('big', 'wb')\nfor i in range(100):\n    f.write(b'x' * 2**20)\n    f.flush()"
+    out = run_python(code, disk_mb=16)
+    assert out.startswith("Error (exit code 1):") and "No space left on device" in out, out
+    assert (
+        run_python(
+            "import os\nos.statvfs('.').f_blocks * os.statvfs('.').f_frsize // 2**20", disk_mb=16
+        )
+        == "16"
+    )
+
+
+@sandboxed
+def test_concurrent_runs_keep_their_own_output() -> None:
+    results: dict[int, str] = {}
+    threads = [
+        threading.Thread(target=lambda n=n: results.__setitem__(n, run_python(f"print({n})\n{n}")))
+        for n in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {n: f"{n}\n{n}" for n in range(8)}
