@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from flowlearn.nodes.policies.batching import check_batching
 from flowlearn.nodes.policies.hf import chat_prompt_ids
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
@@ -91,10 +92,7 @@ class VLLMPolicy:
             ValueError: a batch size below 1 or a negative wait.
 
         """
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_wait_s < 0:
-            raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s}")
+        check_batching(self.max_batch_size, self.max_wait_s)
 
     def encode_chat(self, messages: Messages) -> list[int]:
         """Render `messages` with the chat template and return the prompt's token ids."""

@@ -48,6 +48,14 @@ def _stop_worker(requests: queue.Queue[Request | None], worker: threading.Thread
         worker.join(timeout=2.0)
 
 
+def check_batching(max_batch_size: int, max_wait_s: float) -> None:
+    """Refuse a batch size below 1 or a negative wait (any batching policy's settings)."""
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    if max_wait_s < 0:
+        raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+
+
 @dataclass(eq=False)
 class BatchingPolicy:
     """Wrap an `HFPolicy` so that concurrent calls are decoded together.
@@ -85,10 +93,7 @@ class BatchingPolicy:
             ValueError: a batch size below 1 or a negative wait.
 
         """
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_wait_s < 0:
-            raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s}")
+        check_batching(self.max_batch_size, self.max_wait_s)
         self._decoder = BatchDecoder(self.wrapped, self.min_shared_prefix)
         self._queue = queue.Queue()  # None: stop
         self._start_lock = threading.Lock()
