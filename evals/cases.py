@@ -8,12 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowlearn.nodes.prompts import ANSWER_INSTRUCTION as ANSWER_INSTRUCTION
 from flowlearn.nodes.secrets import error_text
-
-ANSWER_INSTRUCTION = (
-    "When ready, output the final answer enclosed in <answer> and </answer> tags. "
-    "Do not generate any content after the </answer> tag."
-)
 
 
 @dataclass(frozen=True)

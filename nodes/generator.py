@@ -18,6 +18,7 @@ from langgraph.types import RetryPolicy
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies.engine_calls import EngineReply, role_call
 from flowlearn.nodes.prompts import (
+    ANSWER_INSTRUCTION,
     ANSWER_STOP,
     GENERATOR_EXAMPLES,
     GENERATOR_MAX_TOKENS,
@@ -54,6 +55,11 @@ def closed_reply(reply: EngineReply) -> str:
     return text
 
 
+def generator_question(question: str) -> str:
+    """Return the question as the generator reads it: without the trailing answer instruction."""
+    return question.replace(ANSWER_INSTRUCTION, "").rstrip()
+
+
 def make_generator(
     engine: BaseChatModel, *, retry: RetryPolicy | None = ENGINE_RETRY
 ) -> Callable[..., dict[str, Any]]:
@@ -61,7 +67,8 @@ def make_generator(
     ask = role_call(engine, retry, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP])
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        messages = memory_prompt(GENERATOR_PROMPT, state, GENERATOR_EXAMPLES, arguments=False)
+        asked = {**state, "question": generator_question(state["question"])}
+        messages = memory_prompt(GENERATOR_PROMPT, asked, GENERATOR_EXAMPLES, arguments=False)
         reply = ask(messages)
         text = reply.error if reply.error is not None else closed_reply(reply)
         read = read_answer(text if reply.error is None else "")

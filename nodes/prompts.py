@@ -88,6 +88,16 @@ consistent and trustworthy, is anything missing? Then end with exactly one line:
 Conclusion: STOP    (if the memory is enough to answer)
 Conclusion: CONTINUE    (if more steps are needed)"""
 
+ANSWER_INSTRUCTION = (
+    "When ready, output the final answer enclosed in <answer> and </answer> tags. "
+    "Do not generate any content after the </answer> tag."
+)
+"""The instruction every evaluation and training question ends with (as AgentFlow's data). The
+generator's own prompt asks for the tags, so it reads the question without it
+(`generator_question`): measured on the 50 held-out and training-rollout cases whose memory held
+the answer, the embedded SmolLM2 generator answered 32 right with it in the question and 38
+without (`bench/generator_views.py` measures the shipped view)."""
+
 GENERATOR_PROMPT = """\
 Answer the question using the memory of the steps taken.
 

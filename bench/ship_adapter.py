@@ -1,0 +1,53 @@
+"""Ship a trained planner adapter as the package's default planner (`--planner default`).
+
+Copies a LoRA adapter folder written by `flowlearn train` (a `checkpoint-N/` or
+`final-adapter/`) into `nodes/policies/data/default_planner/`: its `adapter_config.json`, and
+its weights cast to float16 (half the size; peft casts them to the planner's precision as it
+merges them, and the held-out figures in the README are measured on the shipped files). Writes
+`SOURCE.json` beside them: where the adapter came from and its size.
+
+    python bench/ship_adapter.py runs/learn-tools/checkpoint-16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from flowlearn.nodes.policies.loading import SHIPPED_ADAPTER
+
+WEIGHTS = "adapter_model.safetensors"
+
+
+def ship(folder: Path, target: Path = SHIPPED_ADAPTER) -> Path:
+    """Write the adapter in `folder` to `target` in float16; return the weights' path."""
+    config = folder / "adapter_config.json"
+    if not config.is_file() or not (folder / WEIGHTS).is_file():
+        raise SystemExit(
+            f"{folder} holds no LoRA adapter ({config.name} and {WEIGHTS}): pass a "
+            "checkpoint-N/ or final-adapter/ folder of a `flowlearn train` run with lora: true"
+        )
+    tensors = {name: t.to(torch.float16) for name, t in load_file(folder / WEIGHTS).items()}
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(config, target / config.name)
+    save_file(tensors, target / WEIGHTS)
+    source = {
+        "from": str(folder),
+        "recipe": "examples/learn_tools.yaml",
+        "parameters": sum(t.numel() for t in tensors.values()),
+        "dtype": "float16",
+        "bytes": (target / WEIGHTS).stat().st_size,
+    }
+    (target / "SOURCE.json").write_text(json.dumps(source, indent=2) + "\n")
+    return target / WEIGHTS
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="the adapter folder of a training run")
+    print(ship(parser.parse_args().folder))
