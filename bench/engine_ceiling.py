@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.scorers import exact_match, normalize_answer
 from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE
 from flowlearn.graphs import Context, build_agentflow
@@ -39,7 +40,8 @@ async def run_case(case: dict[str, Any], engine: HFChatModel, tools: list[Any]) 
     goal = case["question"].rstrip("?.")
     planner = ScriptedPolicy([planner_turn(case["tool"], goal, case["question"])])
     graph = build_agentflow(planner, engine, tools)
-    state = await graph.ainvoke({"question": case["question"]}, context=Context(max_turns=1))
+    question = with_answer_instruction(case["question"])  # as `flowlearn eval` asks it
+    state = await graph.ainvoke({"question": question}, context=Context(max_turns=1))
     actions = [m for m in state["memory"] if m.get("kind") == "action"]
     result = str(actions[0].get("result") or actions[0].get("error")) if actions else ""
     answer = str(state.get("answer") or "")

@@ -3,11 +3,14 @@
 For every held-out tool-task case, the engine's own tool call from `bench/engine_ceiling.py`
 (read from bench/results/engine_ceiling.json; run that first) is replayed: arithmetic keeps the
 recorded python result, a lookup reruns the recorded query on the task's corpus with `k`
-passages. The embedded SmolLM2 generator then answers from memory shown as:
-- `arguments`: the tool call's arguments shown (as the other roles see them), 5 passages;
-- `no-arguments`: arguments left out, 5 passages;
-- `no-arguments k=3`: arguments left out, 3 passages (the shipped view);
-- `restating reply`: as the shipped view, with the worked python answer restating the
+passages. Each question ends with the answer instruction, as `flowlearn eval` and training ask
+it. The embedded SmolLM2 generator then answers from memory shown as:
+- `arguments`: the tool call's arguments shown (as the other roles see them), 5 passages, the
+  question with its answer instruction;
+- `no-arguments`: as `arguments`, the arguments left out;
+- `no-arguments k=3`: as `no-arguments`, 3 passages;
+- `shipped`: as `no-arguments k=3`, the question without its instruction (`generator_question`);
+- `restating reply`: as `shipped`, with the worked python answer restating the
   expression ("computed 12 * 34 and printed 408") as it once did.
 
 Prints exact-match answers right per kind for each view. Run: `python bench/generator_views.py`.
@@ -21,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.scorers import exact_match
 from flowlearn.evals.tool_task import CORPUS_FILE
-from flowlearn.nodes.generator import closed_reply
+from flowlearn.nodes.generator import closed_reply, generator_question
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.engine_calls import role_call
@@ -42,11 +46,12 @@ RESTATING = (
     (_question, _memory, "The python tool computed 12 * 34 and printed 408. <answer>408</answer>"),
     GENERATOR_EXAMPLES[1],
 )
-VIEWS = {
-    "arguments": (True, 5, GENERATOR_EXAMPLES),
-    "no-arguments": (False, 5, GENERATOR_EXAMPLES),
-    "no-arguments k=3": (False, 3, GENERATOR_EXAMPLES),
-    "restating reply": (False, 3, RESTATING),
+VIEWS = {  # arguments shown, passages, examples, the question as the generator reads it
+    "arguments": (True, 5, GENERATOR_EXAMPLES, str),
+    "no-arguments": (False, 5, GENERATOR_EXAMPLES, str),
+    "no-arguments k=3": (False, 3, GENERATOR_EXAMPLES, str),
+    "shipped": (False, 3, GENERATOR_EXAMPLES, generator_question),
+    "restating reply": (False, 3, RESTATING, generator_question),
 }
 
 
@@ -79,9 +84,10 @@ async def main() -> None:
         HFChatModel(policy=policy), None, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP]
     )
 
-    async def answer(row: dict[str, Any], view: tuple[bool, int, Any]) -> bool:
-        arguments, k, examples = view
-        state = {"question": row["question"], "memory": replayed_memory(row, k)}
+    async def answer(row: dict[str, Any], view: tuple[bool, int, Any, Any]) -> bool:
+        arguments, k, examples, read = view
+        question = read(with_answer_instruction(row["question"]))
+        state = {"question": question, "memory": replayed_memory(row, k)}
         messages = memory_prompt(GENERATOR_PROMPT, state, examples, arguments=arguments)
         reply = await asyncio.to_thread(ask, messages)
         return exact_match(read_answer(closed_reply(reply)).answer, row["reference"]).value == 1
