@@ -9,7 +9,7 @@ it. The embedded SmolLM2 generator then answers from memory shown as:
   question with its answer instruction;
 - `no-arguments`: as `arguments`, the arguments left out;
 - `no-arguments k=3`: as `no-arguments`, 3 passages;
-- `shipped`: as `no-arguments k=3`, the question without its instruction (`generator_question`);
+- `shipped`: as `no-arguments k=3`, the question without its instruction (`bare_question`);
 - `restating reply`: as `shipped`, with the worked python answer restating the
   expression ("computed 12 * 34 and printed 408") as it once did.
 
@@ -27,7 +27,7 @@ from typing import Any
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.scorers import exact_match
 from flowlearn.evals.tool_task import CORPUS_FILE
-from flowlearn.nodes.generator import closed_reply, generator_question
+from flowlearn.nodes.generator import closed_reply
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.engine_calls import role_call
@@ -37,7 +37,7 @@ from flowlearn.nodes.prompts import (
     GENERATOR_MAX_TOKENS,
     GENERATOR_PROMPT,
 )
-from flowlearn.nodes.render import memory_prompt
+from flowlearn.nodes.render import bare_question, memory_prompt
 from flowlearn.nodes.tools.local_search import local_search_tool
 
 CEILING = Path(__file__).parent / "results" / "engine_ceiling.json"
@@ -50,8 +50,8 @@ VIEWS = {  # arguments shown, passages, examples, the question as the generator 
     "arguments": (True, 5, GENERATOR_EXAMPLES, str),
     "no-arguments": (False, 5, GENERATOR_EXAMPLES, str),
     "no-arguments k=3": (False, 3, GENERATOR_EXAMPLES, str),
-    "shipped": (False, 3, GENERATOR_EXAMPLES, generator_question),
-    "restating reply": (False, 3, RESTATING, generator_question),
+    "shipped": (False, 3, GENERATOR_EXAMPLES, bare_question),
+    "restating reply": (False, 3, RESTATING, bare_question),
 }
 
 

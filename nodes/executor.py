@@ -23,6 +23,7 @@ from flowlearn.nodes.prompts import (
     EXECUTOR_PROMPT,
 )
 from flowlearn.nodes.render import (
+    bare_question,
     emit,
     prompt_messages,
     summarize,
@@ -195,7 +196,7 @@ def make_executor(
         messages = prompt_messages(
             EXECUTOR_PROMPT.format(
                 tool=tool.name,
-                question=state["question"],
+                question=bare_question(state["question"]),
                 context=plan["context"],
                 sub_goal=plan["sub_goal"],
                 tool_description=describe_tool(tool),

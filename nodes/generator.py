@@ -18,13 +18,12 @@ from langgraph.types import RetryPolicy
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies.engine_calls import EngineReply, role_call
 from flowlearn.nodes.prompts import (
-    ANSWER_INSTRUCTION,
     ANSWER_STOP,
     GENERATOR_EXAMPLES,
     GENERATOR_MAX_TOKENS,
     GENERATOR_PROMPT,
 )
-from flowlearn.nodes.render import emit, memory_prompt, transition
+from flowlearn.nodes.render import bare_question, emit, memory_prompt, transition
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus
@@ -55,11 +54,6 @@ def closed_reply(reply: EngineReply) -> str:
     return text
 
 
-def generator_question(question: str) -> str:
-    """Return the question as the generator reads it: without the trailing answer instruction."""
-    return question.replace(ANSWER_INSTRUCTION, "").rstrip()
-
-
 def make_generator(
     engine: BaseChatModel, *, retry: RetryPolicy | None = ENGINE_RETRY
 ) -> Callable[..., dict[str, Any]]:
@@ -67,7 +61,7 @@ def make_generator(
     ask = role_call(engine, retry, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP])
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        asked = {**state, "question": generator_question(state["question"])}
+        asked = {**state, "question": bare_question(state["question"])}
         messages = memory_prompt(GENERATOR_PROMPT, asked, GENERATOR_EXAMPLES, arguments=False)
         reply = ask(messages)
         text = reply.error if reply.error is not None else closed_reply(reply)

@@ -93,10 +93,13 @@ ANSWER_INSTRUCTION = (
     "Do not generate any content after the </answer> tag."
 )
 """The instruction every evaluation and training question ends with (as AgentFlow's data). The
-generator's own prompt asks for the tags, so it reads the question without it
-(`generator_question`): measured on the 50 held-out and training-rollout cases whose memory held
-the answer, the embedded SmolLM2 generator answered 32 right with it in the question and 38
-without (`bench/generator_views.py` measures the shipped view)."""
+generator's and the executor's own prompts say what to write, so they read the question without
+it (`render.bare_question`). Measured on the embedded SmolLM2: on the 50 held-out and
+training-rollout cases whose memory held the answer, the generator answered 32 right with it in
+the question and 38 without; the executor's python calls on the 24 held-out arithmetic questions
+were right 18 times with it and 21 without under the plan example's sub-goal the untrained
+planner copies, 4 and 11 under python's own example's, 21 and 21 under a good sub-goal
+(`bench/executor_subgoals.py`)."""
 
 GENERATOR_PROMPT = """\
 Answer the question using the memory of the steps taken.

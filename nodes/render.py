@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from flowlearn.nodes.prompts import EMPTY_MEMORY, SYSTEM_PROMPT
+from flowlearn.nodes.prompts import ANSWER_INSTRUCTION, EMPTY_MEMORY, SYSTEM_PROMPT
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord, Transition
 from flowlearn.nodes.schema.sampling import Generation
 
@@ -22,6 +22,15 @@ def _under(value: Any) -> str:
     line separators, which a model may read as line ends.
     """
     return "\n    ".join(str(value).splitlines())
+
+
+def bare_question(question: str) -> str:
+    """Return the question without the trailing answer instruction (the executor's, generator's).
+
+    Both roles' own prompts say what to write; the instruction to answer in tags only drew the
+    small engine off (see `ANSWER_INSTRUCTION`).
+    """
+    return question.replace(ANSWER_INSTRUCTION, "").rstrip()
 
 
 def render_memory(memory: Sequence[StepRecord], *, arguments: bool = True) -> str:

@@ -13,8 +13,8 @@ from flowlearn.evals.cases import ANSWER_INSTRUCTION, with_answer_instruction
 from flowlearn.graphs import Context
 from flowlearn.nodes import make_executor, make_generator, make_verifier
 from flowlearn.nodes.executor import call_example_turns
-from flowlearn.nodes.generator import generator_question
 from flowlearn.nodes.prompts import GENERATOR_EXAMPLES
+from flowlearn.nodes.render import bare_question
 from flowlearn.nodes.tools import default_tools
 
 STATE: dict[str, Any] = {
@@ -73,14 +73,19 @@ def test_the_generator_sees_worked_answers_first_and_no_query_analysis() -> None
     assert len(update["transitions"][0]["messages"]) == len(messages)
 
 
-def test_the_generator_reads_the_question_without_the_answer_instruction() -> None:
+def test_generator_and_executor_read_the_question_without_the_answer_instruction() -> None:
     seen: list[list[BaseMessage]] = []
     state = {**STATE, "question": with_answer_instruction("What is 5 * 7?")}
     make_generator(recording("<answer>35</answer>", seen))(state, runtime())
     assert "Question: What is 5 * 7?\n\nMemory" in seen[0][-1].text
     assert ANSWER_INSTRUCTION not in seen[0][-1].text
-    assert generator_question("Q?\n" + ANSWER_INSTRUCTION) == "Q?"
-    assert generator_question("Q without it") == "Q without it"
+    plan = {"turn": 1, "justification": "", "context": "", "sub_goal": "5*7", "tool": "python"}
+    tools = [{t.name: t for t in default_tools(None)}["python"]]
+    make_executor(recording("", seen), tools)({**state, "plan": plan}, runtime())
+    assert "Question: What is 5 * 7?\nContext:" in seen[1][-1].text
+    assert ANSWER_INSTRUCTION not in seen[1][-1].text
+    assert bare_question("Q?\n" + ANSWER_INSTRUCTION) == "Q?"
+    assert bare_question("Q without it") == "Q without it"
 
 
 def test_the_verifier_still_reads_the_tool_arguments() -> None:
