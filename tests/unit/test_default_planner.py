@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -10,11 +12,14 @@ import torch
 pytest.importorskip("peft")
 
 from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from flowlearn.nodes.policies import loading
 from flowlearn.nodes.policies.loading import load_model_and_tokenizer, untrained_twin
 from flowlearn.nodes.policies.local_models import load_local_models
+
+BENCH = Path(__file__).parents[2] / "bench"
 
 
 @pytest.fixture
@@ -73,3 +78,23 @@ def test_default_planner_without_a_shipped_adapter_is_the_base(
     assert untrained_twin("default") == "default"
     models = load_local_models("default", device="cpu")
     assert models.planner.model is models.engine.policy.model  # one copy
+
+
+def test_bench_ship_adapter_writes_a_half_precision_copy_that_loads_as_the_default(
+    shipped: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = importlib.util.spec_from_file_location("ship_adapter", BENCH / "ship_adapter.py")
+    assert spec is not None and spec.loader is not None
+    ship_adapter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship_adapter)
+    full, _ = load_model_and_tokenizer("default", device="cpu")
+    target = tmp_path / "shipped_fp16"
+    weights = ship_adapter.ship(shipped, target)
+    assert all(t.dtype == torch.float16 for t in load_file(weights).values())
+    source = json.loads((target / "SOURCE.json").read_text())
+    assert source["from"] == str(shipped) and source["dtype"] == "float16"
+    monkeypatch.setattr(loading, "SHIPPED_ADAPTER", target)
+    half, _ = load_model_and_tokenizer("default", device="cpu")
+    assert torch.allclose(logits(half), logits(full), atol=1e-2)
+    with pytest.raises(SystemExit, match="holds no LoRA adapter"):
+        ship_adapter.ship(tmp_path / "empty", tmp_path / "nowhere")
