@@ -45,11 +45,13 @@ def render_memory(memory: Sequence[StepRecord], *, arguments: bool = True) -> st
         kind = record["kind"]
         head = f"Step {record['turn']}"
         if kind == "action":
-            called = json.dumps(record.get("arguments"), ensure_ascii=False, default=str)
             outcome = (
                 f"Error: {record.get('error')}" if record.get("error") else record.get("result")
             )
-            shown = f"  Arguments: {_under(called)}\n" if arguments else ""
+            shown = ""
+            if arguments:
+                called = json.dumps(record.get("arguments"), ensure_ascii=False, default=str)
+                shown = f"  Arguments: {_under(called)}\n"
             lines.append(
                 f"{head} (tool {_under(record.get('tool'))}):\n"
                 f"  Sub-Goal: {_under(record.get('sub_goal', ''))}\n"
