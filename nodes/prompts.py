@@ -117,9 +117,10 @@ a rambling list) drew it off the result, 16 of 48 held-out tool-task answers rig
 without it. Its memory also leaves out each tool call's arguments (`render_memory(...,
 arguments=False)`): the small engine's search queries often hold a guessed answer ("Laetus
 Institute founded in 2020"), which it then copied over the passage. Measured on the 48 held-out
-cases with the calls the engine made (`bench/generator_views.py`): 8 of 24 lookups and 15 of
-24 arithmetic answers right with the arguments shown, 11 and 20 without; 13 and 20 without
-them and with local_search's 3 passages instead of 5."""
+cases with the calls the engine made, each question with its answer instruction
+(`bench/generator_views.py`): 7 of 24 lookups and 13 of 24 arithmetic answers right with the
+arguments shown, 11 and 15 without, 12 and 15 with local_search's 3 passages instead of 5, 13
+and 20 with the question also read without its instruction (`render.bare_question`)."""
 
 GENERATOR_EXAMPLES: tuple[tuple[str, list[StepRecord], str], ...] = (
     (

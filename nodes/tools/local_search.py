@@ -108,7 +108,7 @@ def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 3) -> BaseTool
 
     Three by default: on the tool task's held-out lookups (the passage found in 19 of 24 of the
     engine's searches), the embedded SmolLM2 generator answered 11 of 24 from 5 passages and
-    13 from 3 (`bench/generator_views.py`); a one-off run gave 14 from 2 and 15 from 1. Three
+    12 from 3 (`bench/generator_views.py`); a one-off run gave 14 from 2 and 15 from 1. Three
     keeps some recall for larger corpora.
     """
     index = load_index(corpus)
