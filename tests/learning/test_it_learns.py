@@ -39,6 +39,12 @@ runs differ. What it took:
 - Run 4 (the same): stopped at step 23, 4.4 minutes in all; no dip; reward 0.96 by step 12;
   mean turns 1.5 -> 1.02; held-out success 0.50 -> 1.00 (one turn). 2944 rollouts: 2068 of
   one turn, 876 of two.
+- A CI run (session 11's code) learned to sample two or three fillers before the tool name
+  and trained to reward 1.0 in 46 steps, but held-out success fell 0.50 -> 0.00 at one and two
+  turns: greedy filler did not end as sampled filler does. The tool name now comes first
+  (`learning.warmup.FORMAT`), and the held-out outcomes (tools, format errors) are printed.
+  Run 5 (that format): stopped at step 18, 2.8 minutes in all; held-out 0.50 -> 1.00 (one and
+  two turns); completions of 2 to 20 tokens.
 - Greedy with two turns (printed, not asserted): 0.50 -> 1.00, 1.00, 0.80, 1.00 in runs 1-4.
   The one-turn measure renders "step 1 of at most 1", a prompt training never showed; at two
   turns, the training's own prompt, run 3 still chose wrong twice (or broke the format) on a
@@ -161,6 +167,8 @@ def held_out_success(
         max_turns=max_turns, planner_temperature=0.0, planner_max_new_tokens=MAX_NEW_TOKENS
     )
     results = run_eval(flow, cases, scorer, concurrency=1, progress=False, context=greedy)
+    outcomes = Counter((tuple(r.tools), r.format_errors, r.score) for r in results)
+    print(f"held-out at {max_turns} turn(s): (tools, format errors, score) {dict(outcomes)}")
     return sum(r.score for r in results) / len(results)
 
 

@@ -12,7 +12,11 @@ from tiny_model import build_tiny_model
 from flowlearn.nodes.policies.hf import chat_prompt_ids
 
 TOOLS = ["python", "local_search"]
-FORMAT = "Sub-Goal: answer the question{filler}\nTool Name: {tool}"
+FORMAT = "Tool Name: {tool}\nSub-Goal: answer the question{filler}"
+"""The tool first, the filler after it: the choice is read before any filler. With the filler
+first, one CI run learned to sample two or three fillers (completions of 8 and 10 tokens) and
+greedy decoding then failed every held-out question at one and at two turns (0.50 -> 0.00)
+while its training reward reached 1.0: greedy filler does not end where sampled filler does."""
 FILLERS = ["zork", "quux", "blip", "frob", "wug", "glim"]
 """Filler words of the sub-goal, 0 to `MAX_FILLERS` of them: completion lengths vary."""
 MAX_FILLERS = 5
