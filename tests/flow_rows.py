@@ -1,6 +1,6 @@
 """Toy Flow-GRPO batches on the tiny model, and a callback that keeps each update's gradient.
 
-Shared by the micro-batching, multi-process and official-mode tests: the rows have varied turn
+Shared by the micro-batching, multi-process and verl_like-mode tests: the rows have varied turn
 counts and completion lengths, and their logged logprobs are the model's own (at the
 trainer's temperature) shifted by noise, so importance ratios spread around 1 and some clip.
 """

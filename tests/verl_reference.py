@@ -1,4 +1,4 @@
-"""verl v0.5.0's GRPO arithmetic, written out from its code, to check `official` mode against.
+"""verl v0.5.0's GRPO arithmetic, written out from its code, to check `verl_like` mode against.
 
 The official AgentFlow code trains with verl v0.5.0 (github.com/volcengine/verl, tag v0.5.0):
 - `verl/trainer/ppo/core_algos.py`: `compute_grpo_outcome_advantage`, `compute_policy_loss`

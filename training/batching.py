@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-OFFICIAL_DUAL_CLIP = 3.0
+VERL_DUAL_CLIP = 3.0
 """verl v0.5.0's `clip_ratio_c`, which the official code keeps: for a negative advantage the
 loss is capped at -A x 3. TRL's `delta` caps the ratio at 3 for both signs, the same loss
 whenever 1 + epsilon_high < 3 (a positive advantage's ratio is clipped lower already)."""

@@ -20,10 +20,11 @@ from trl.scripts.utils import TrlParser
 from trl.trainer.grpo_config import GRPOConfig
 
 from flowlearn.nodes.schema.context import Context
-from flowlearn.training.batching import OFFICIAL_DUAL_CLIP, check_trainer_batching, resolve_batching
+from flowlearn.training.batching import VERL_DUAL_CLIP, check_trainer_batching, resolve_batching
 from flowlearn.training.config_values import RENAMED, UNSUPPORTED, check_values
 from flowlearn.training.server_options import check_server_options
 from flowlearn.training.vllm_settings import check_vllm_config
+from flowlearn.training.weights import RENAMED_MODES, check_mode
 
 
 def _help(text: str, default: Any, **extra: Any) -> Any:
@@ -63,7 +64,7 @@ class FlowGRPOConfig(GRPOConfig):
     engine_max_new_tokens: int | None = _help(
         "Fixed engine tokens per call; default: each role's own budget (nodes/prompts.py).", None
     )
-    mode: Literal["paper", "official", "sequence"] = _help("Flow-GRPO weighting mode.", "paper")
+    mode: Literal["paper", "verl_like", "sequence"] = _help("Flow-GRPO weighting mode.", "paper")
     drop_zero_variance: bool = _help("Drop groups whose rewards are all equal.", False)
     reward_errors: Literal["zero", "drop"] = _help(
         "A rollout whose scorer failed trains with reward 0 (zero) or is left out (drop).", "zero"
@@ -133,6 +134,8 @@ class FlowGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        if self.mode in RENAMED_MODES:  # named before the Literal's plain refusal
+            check_mode(self.mode)
         check_values(self)  # types, choices and ranges first, each error naming its key
         self._check_flow()
         self._check_supported()
@@ -144,8 +147,8 @@ class FlowGRPOConfig(GRPOConfig):
             self.steps_per_generation,
             self.gradient_accumulation_steps,
         )
-        if self.mode == "official" and self.delta is None:
-            self.delta = OFFICIAL_DUAL_CLIP  # verl's dual clip, in TRL's terms
+        if self.mode == "verl_like" and self.delta is None:
+            self.delta = VERL_DUAL_CLIP  # verl's dual clip, in TRL's terms
         if self.tools is not None:  # `--tools a,b` as well as `--tools a b`
             self.tools = [t.strip() for item in self.tools for t in item.split(",") if t.strip()]
         import torch
@@ -172,7 +175,7 @@ class FlowGRPOConfig(GRPOConfig):
         if self.loss_type != "dapo":
             raise ValueError(
                 f"loss_type={self.loss_type!r}: Flow-GRPO needs loss_type 'dapo'; the weighting "
-                "mode ('paper', 'official', 'sequence') sets the normalisation"
+                "mode ('paper', 'verl_like', 'sequence') sets the normalisation"
             )
         for name, (default, why) in UNSUPPORTED.items():
             if getattr(self, name) != default:
@@ -215,7 +218,7 @@ def check_settings(args: GRPOConfig, context: Context, questions: int, *, offlin
     if args.loss_type != "dapo":
         raise ValueError(
             "FlowGRPOTrainer needs loss_type='dapo': the Flow-GRPO weighting "
-            "mode ('paper', 'official', 'sequence') sets the normalisation"
+            "mode ('paper', 'verl_like', 'sequence') sets the normalisation"
         )
     check_trainer_batching(args)
     if args.scale_rewards == "batch" and args.world_size > 1:
@@ -290,5 +293,10 @@ def parse_config(argv: Sequence[str] = ()) -> FlowGRPOConfig:
     try:
         (config,) = FlowParser().parse_args_and_config(list(argv))
     except argparse.ArgumentError as exc:
+        renamed = [
+            m for m in RENAMED_MODES if exc.argument_name == "--mode" and repr(m) in str(exc)
+        ]
+        if renamed:
+            check_mode(renamed[0])  # names the mode's new name
         raise ValueError(str(exc)) from None
     return cast(FlowGRPOConfig, config)

@@ -23,13 +23,14 @@ from flowlearn.nodes.schema.records import Transition
 from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training.provenance import drop_groups, group_trajectories, kept_turns, with_rows
 from flowlearn.training.trajectory import Trajectory
+from flowlearn.training.weights import MODES as MODES
 from flowlearn.training.weights import advantages as _advantages
 from flowlearn.training.weights import assign_weights as _assign_weights
+from flowlearn.training.weights import check_mode
 from flowlearn.training.weights import std as _std
 
-Mode = Literal["paper", "official", "sequence"]
+Mode = Literal["paper", "verl_like", "sequence"]
 Scale = Literal["group", "batch", "none"]
-MODES = ("paper", "official", "sequence")
 SCALES = ("group", "batch", "none")
 
 
@@ -97,7 +98,7 @@ def build_flow_grpo_rows(
 
     Args:
         trajectories: rollouts, G per group; `total_reward` is the outcome.
-        mode: `paper` (Eq. 10 weights, default), `official` (the official code: the turns of a
+        mode: `paper` (Eq. 10 weights, default), `verl_like` (the official code: the turns of a
             question pooled for normalisation, token-mean loss) or `sequence` (each row's
             tokens averaged, rows averaged).
         nodes: which nodes' transitions become rows (the planner by default); None: every
@@ -117,8 +118,7 @@ def build_flow_grpo_rows(
             recorded sampling does not match `sampling`.
 
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; use one of {MODES}")
+    check_mode(mode)
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; use one of {SCALES}")
     stats: dict[str, Any] = {"rows_cut": 0, "rows_dropped": 0, "trajectories_dropped": 0}

@@ -16,7 +16,7 @@ Why it looks like this:
    evenly over the pieces, the padding at the end of each piece.
 3. A piece goes through the model in chunks of per_device_train_batch_size rows
    (`flowlearn.training.micro`): a pass's memory does not grow with the turns of a step.
-4. `official` follows verl v0.5.0 (which the official code pins), `dp_actor.update_policy`:
+4. `verl_like` follows verl v0.5.0 (which the official code pins), `dp_actor.update_policy`:
    a chunk is one of its micro-batches, whose loss is the token mean over the chunk's own
    tokens divided by the micro-batches of an update; that is one normaliser per chunk.
 """
@@ -103,8 +103,8 @@ def step_tensors(
     table = table.view(batching.processes, 3)
     total_count, total_tokens = (int(v) for v in table[:, :2].sum(0))
     ordered = spread(rows, batching.pieces, batching.padded(int(table[:, 2].max())))
-    if mode == "official":
-        items = official_items(ordered, batching)
+    if mode == "verl_like":
+        items = verl_items(ordered, batching)
         scales = [1.0] * len(ordered)
     else:
         share = local[0] / max(total_count, 1)  # this process's part of Q (or of the rows)
@@ -119,7 +119,7 @@ def step_tensors(
     return output
 
 
-def official_items(ordered: Sequence[FlowGRPORow | None], batching: Batching) -> list[float]:
+def verl_items(ordered: Sequence[FlowGRPORow | None], batching: Batching) -> list[float]:
     """Set verl's micro-batch weights; return each row's chunk normaliser for TRL.
 
     verl's micro-batch loss is `masked_mean(loss, mask) / gradient_accumulation`, with

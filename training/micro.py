@@ -8,7 +8,7 @@ Why it looks like this:
    rows: every chunk but the last is backpropagated at once, outside DDP's gradient sync
    (`no_sync`), and the last chunk's loss goes back to `training_step`, whose backward syncs
    when the micro-step ends an accumulation window. Each chunk carries its own
-   `num_items_in_batch` (`flow_items`), the same for all chunks except in `official` mode.
+   `num_items_in_batch` (`flow_items`), the same for all chunks except in `verl_like` mode.
 3. An optimizer step without a trainable token on any process is skipped by every process
    (the layout's `flow_live`): a loss that reaches no parameter, so AdamW changes nothing.
 """
@@ -30,10 +30,10 @@ def next_piece(trainer: Any, generation_batch: Any) -> dict[str, Any]:
     if not trainer.model.training:
         batch: dict[str, Any] = trainer._generate_and_score_completions(generation_batch)
         return batch
-    if trainer.mode == "official" and trainer.args.delta is None:
+    if trainer.mode == "verl_like" and trainer.args.delta is None:
         raise ValueError(
-            "mode 'official' clips as verl does (dual clip, clip_ratio_c 3): set delta=3.0, "
-            "TRL's name for it (FlowGRPOConfig sets it for mode official)"
+            "mode 'verl_like' clips as verl does (dual clip, clip_ratio_c 3): set delta=3.0, "
+            "TRL's name for it (FlowGRPOConfig sets it for mode verl_like)"
         )
     pieces = int(trainer.args.steps_per_generation)
     generate_every = pieces * trainer.num_iterations

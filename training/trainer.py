@@ -60,6 +60,7 @@ from flowlearn.training.server_generation import ServerGeneration
 from flowlearn.training.store import TrajectoryStore
 from flowlearn.training.trajectory import Trajectory
 from flowlearn.training.trl_vllm import VLLMFactory, VLLMRollouts, attach_vllm, vllm_kept_from_trl
+from flowlearn.training.weights import check_mode
 
 __all__ = ["FlowGRPOTrainer", "cases_dataset", "unused_reward"]
 
@@ -115,6 +116,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         """The handle every policy over the trained model shares (set by `online`)."""
         self.server: ServerGeneration | None = None
         """Set by `online`: the planner samples on a vLLM server, the adapter pushed to it."""
+        check_mode(mode)
         self.mode, self.drop_zero_variance, self.step_credit = mode, drop_zero_variance, step_credit
         recompute = recompute_old_logprobs
         if recompute is None:  # a FlowGRPOConfig's field; off for a plain GRPOConfig

@@ -4,7 +4,7 @@ Why it looks like this:
 1. `paper` (Eq. 7 and 10) normalises the outcome rewards within a question's G trajectories
    and weighs each question 1/Q, each trajectory 1/G, each of its T_i turns 1/T_i and each of a
    turn's |a| tokens 1/|a|; `sequence` averages each row's tokens, then the rows.
-2. `official` is the arithmetic of the official code, verl v0.5.0: `compute_grpo_outcome_
+2. `verl_like` is the arithmetic of the official code, verl v0.5.0: `compute_grpo_outcome_
    advantage` over a question's turn-samples pooled, with the unbiased std and its singleton
    rule; its token mean is taken per micro-batch at training time (`training/layout.py`).
 3. The weights here are one process's; training rescales them to the counts of all processes
@@ -20,6 +20,24 @@ from typing import Protocol
 
 from flowlearn.nodes.schema.records import Transition
 from flowlearn.training.trajectory import Trajectory
+
+MODES = ("paper", "verl_like", "sequence")
+RENAMED_MODES = {"official": "verl_like"}
+"""Old names of modes. `official` was renamed: TRL fixes the number of optimizer steps per
+rollout batch, so the mode reproduces verl v0.5.0's arithmetic but not all of its batching
+(README, "The `verl_like` mode")."""
+
+
+def check_mode(mode: str) -> None:
+    """Refuse a mode that is not one of `MODES`, naming the new name of a renamed one."""
+    if mode in RENAMED_MODES:
+        raise ValueError(
+            f"mode {mode!r} is now {RENAMED_MODES[mode]!r}: it reproduces the official code's "
+            "arithmetic (verl v0.5.0) where TRL can express it; the README's section on the "
+            f"{RENAMED_MODES[mode]} mode lists what differs"
+        )
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; use one of {MODES}")
 
 
 class WeightedRow(Protocol):
@@ -46,15 +64,15 @@ def advantages(
 ) -> dict[str, float]:
     """A_i = (R_i - mean) / (std + eps) per trajectory (population std).
 
-    `official` is verl v0.5.0's `compute_grpo_outcome_advantage`, which the official code
+    `verl_like` is verl v0.5.0's `compute_grpo_outcome_advantage`, which the official code
     runs: a question's turn-samples pooled (each carries its trajectory's R), the unbiased std
     (`torch.std`), and a question with a single sample gets mean 0 and std 1.
     """
-    official = mode == "official"
-    ddof = int(official)
+    verl_like = mode == "verl_like"
+    ddof = int(verl_like)
 
     def samples(members: list[Trajectory]) -> list[float]:
-        if official:  # every turn-sample counts once in the statistics
+        if verl_like:  # every turn-sample counts once in the statistics
             return [t.total_reward for t in members for _ in turns[t.trajectory_id]] or [
                 t.total_reward for t in members
             ]
@@ -66,7 +84,7 @@ def advantages(
     for members in groups.values():
         values = samples(members)
         mean, spread = sum(values) / len(values), std(values, ddof) if len(values) > ddof else 0.0
-        if official and len(values) == 1:
+        if verl_like and len(values) == 1:
             mean, spread = 0.0, 1.0
         denominator = {"group": spread + eps, "batch": batch_std + eps, "none": 1.0}[scale]
         for trajectory in members:
@@ -79,13 +97,13 @@ def assign_weights(
 ) -> None:
     """Set token weights so that sum(token_weight * objective) is the mode's objective.
 
-    Training rescales them to all processes' `weight_count` and sets `official`'s per
+    Training rescales them to all processes' `weight_count` and sets `verl_like`'s per
     micro-batch (`flowlearn.training.layout`).
     """
     if not rows:
         return
     count = weight_count(rows, mode)
-    if mode == "official":  # token mean over the whole batch
+    if mode == "verl_like":  # token mean over the whole batch
         for row in rows:
             row.token_weight = 1.0 / count if count else 0.0
         return

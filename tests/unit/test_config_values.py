@@ -44,7 +44,8 @@ def test_good_yaml_values_arrive_as_their_type(
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("mode: bogus", "mode must be one of 'paper', 'official', 'sequence', got 'bogus'"),
+        ("mode: bogus", "mode must be one of 'paper', 'verl_like', 'sequence', got 'bogus'"),
+        ("mode: official", "mode 'official' is now 'verl_like'"),  # renamed: what differs
         ("reward_errors: keep", "reward_errors must be one of 'zero', 'drop'"),
         ("scale_rewards: always", "scale_rewards must be one of 'group', 'batch', 'none'"),
         ("importance_sampling_level: word", "importance_sampling_level must be one of"),
@@ -89,6 +90,7 @@ def test_bad_yaml_values_are_refused_with_the_key_named(
         (["--beta", "-1"], "beta must be >= 0"),
         (["--max_steps", "2.5"], "--max_steps"),  # argparse's int refuses it, naming the flag
         (["--mode", "bogus"], "--mode"),
+        (["--mode", "official"], "mode 'official' is now 'verl_like'"),
         (["--learning_rate", "inf"], "learning_rate must be a finite number, got inf"),
     ],
 )

@@ -75,8 +75,8 @@ def test_paper_mode_hand_computed() -> None:
     assert batch.stats["mean_turns"] == 2.0 and batch.stats["mean_reward"] == 0.5
 
 
-def test_official_mode_hand_computed() -> None:
-    batch = build_flow_grpo_rows(hand_group(), "official")
+def test_verl_like_mode_hand_computed() -> None:
+    batch = build_flow_grpo_rows(hand_group(), "verl_like")
     pooled = [1, 0, 0, 0, 0, 0, 1, 1]  # turns [1, 3, 2, 2], each turn-sample carries its R
     mean = sum(pooled) / 8
     std = math.sqrt(sum((r - mean) ** 2 for r in pooled) / 7)  # unbiased, as verl's torch.std
@@ -130,6 +130,8 @@ def test_lengths_nodes_and_refusals() -> None:
         build_flow_grpo_rows(bad)
     with pytest.raises(ValueError, match="unknown mode"):
         build_flow_grpo_rows(hand_group(), "token")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mode 'official' is now 'verl_like'"):
+        build_flow_grpo_rows(hand_group(), "official")  # type: ignore[arg-type]
 
 
 def reference_objective(trajectories: list[Trajectory], ratios: dict, lo: float, hi: float):  # type: ignore[no-untyped-def]

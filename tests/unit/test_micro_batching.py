@@ -3,7 +3,7 @@
 The toy step has 13 rows (1 to 3 turns per rollout) for 8 rollouts, so a micro-step holds more
 rows than per_device_train_batch_size (its rows go through the model in chunks) and the
 layout pads with weightless rows. `paper` and `sequence` are checked against the objective
-written out on the unpadded rows in one backward; `official` against verl's per micro-batch
+written out on the unpadded rows in one backward; `verl_like` against verl's per micro-batch
 token mean over the trainer's own micro-batches, in one backward.
 """
 
@@ -124,13 +124,13 @@ def verl_one_backward(trainer: Any) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_official_micro_steps_give_verls_loss_in_one_backward(
+def test_verl_like_micro_steps_give_verls_loss_in_one_backward(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     grads, trainer, _ = trained(
         tiny_model_dir,
-        tmp_path / "official",
-        "official",
+        tmp_path / "verl_like",
+        "verl_like",
         gradient_accumulation_steps=4,
         delta=3.0,
         **MICRO,
@@ -147,14 +147,14 @@ def test_the_config_derives_and_checks_the_micro_steps() -> None:
     assert (plain.per_device_train_batch_size, plain.steps_per_generation) == (32, 1)
     paper = FlowGRPOConfig(**base, per_device_train_batch_size=4, gradient_accumulation_steps=8)
     assert (paper.steps_per_generation, paper.gradient_accumulation_steps) == (8, 8)
-    official = FlowGRPOConfig(
+    verl_like = FlowGRPOConfig(
         **base,
-        mode="official",
+        mode="verl_like",
         per_device_train_batch_size=4,
         steps_per_generation=8,
         gradient_accumulation_steps=2,  # 4 updates per step, as the official config's
     )
-    assert official.delta == 3.0  # verl's dual clip
+    assert verl_like.delta == 3.0  # verl's dual clip
     with pytest.raises(ValueError, match="set gradient_accumulation_steps=8 for one update"):
         FlowGRPOConfig(**base, per_device_train_batch_size=4)
     with pytest.raises(ValueError, match="must not span two generation batches"):

@@ -1,4 +1,4 @@
-"""`official` mode against verl v0.5.0's arithmetic, written out in tests/verl_reference.py.
+"""`verl_like` mode against verl v0.5.0's arithmetic, written out in tests/verl_reference.py.
 
 A toy batch with varied turns, a question with a single turn-sample (verl's singleton rule)
 and negative-advantage tokens whose ratio passes clip_ratio_c (the dual clip), trained as the
@@ -68,7 +68,7 @@ def verl_micro_batches(trainer: Any, samples: dict[Any, tuple[float, str]]) -> l
     return micro_batches
 
 
-def test_official_mode_makes_verls_updates(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_verl_like_mode_makes_verls_updates(tiny_model_dir: Path, tmp_path: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     trajectories = toy_trajectories(model, OFFICIAL_SPEC, seed=2)
     for trajectory in trajectories:  # the dual clip's case: A < 0 and a ratio above 3
@@ -86,12 +86,12 @@ def test_official_mode_makes_verls_updates(tiny_model_dir: Path, tmp_path: Path)
             learning_rate=0.0,  # every update's gradient at the same weights
             max_steps=2,  # optimizer steps: one rollout batch
             beta=LOSS["kl_loss_coef"],
-            delta=3.0,  # verl's clip_ratio_c, as FlowGRPOConfig sets for mode official
+            delta=3.0,  # verl's clip_ratio_c, as FlowGRPOConfig sets for mode verl_like
         ),
         trajectories=trajectories,
         context=CONTEXT,
         processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
-        mode="official",
+        mode="verl_like",
         callbacks=[keep],
     )
     perturb(model, seed=1, scale=0.003)  # off its frozen KL reference
@@ -121,7 +121,7 @@ def test_official_mode_makes_verls_updates(tiny_model_dir: Path, tmp_path: Path)
     assert relative_gap(keep.steps[0], plain) > 1e-3
 
 
-def test_official_mode_without_the_dual_clip_is_refused(
+def test_verl_like_mode_without_the_dual_clip_is_refused(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -131,7 +131,7 @@ def test_official_mode_without_the_dual_clip_is_refused(
         trajectories=toy_trajectories(model, OFFICIAL_SPEC),
         context=CONTEXT,
         processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
-        mode="official",
+        mode="verl_like",
     )
     with pytest.raises(ValueError, match=r"set delta=3\.0"):
         trainer.train()
