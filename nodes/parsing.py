@@ -85,6 +85,11 @@ def _from_labels(text: str) -> dict[str, str]:
     return found
 
 
+def starts_with_label(text: str) -> bool:
+    """Whether `text` opens with a planner field's label (any field, any markdown dressing)."""
+    return _LABEL.match(text.lstrip()) is not None
+
+
 def parse_planner_output(text: str) -> PlannerDecision:
     r"""Parse `Justification / Context / Sub-Goal / Tool Name` from a planner output.
 

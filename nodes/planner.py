@@ -10,7 +10,7 @@ from langchain_core.tools import BaseTool
 from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.catalogue import render_catalogue
-from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
+from flowlearn.nodes.parsing import match_tool_name, parse_planner_output, starts_with_label
 from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.policies.hf import LocalPolicy
 from flowlearn.nodes.policies.protocol import Policy, continues_prefill
@@ -81,11 +81,11 @@ def render_plan_examples(tools: Sequence[BaseTool]) -> str:
 def with_reply_prefix(text: str) -> str:
     """Return the plan's full text: the prefilled first label, then what the policy wrote.
 
-    A policy that wrote the label again (a chat API that ignores the prefill, a scripted
-    policy) or answered in JSON is taken as it is.
+    A policy that wrote a label itself (a chat API that ignores the prefill, a scripted
+    policy, a planner trained on another field order) or answered in JSON is taken as it is.
     """
     head = text.lstrip()
-    if head.startswith((PLANNER_REPLY_PREFIX, "{", "```")):
+    if starts_with_label(head) or head.startswith(("{", "```")):
         return text
     return PLANNER_REPLY_PREFIX + text
 
@@ -146,7 +146,6 @@ def plan_messages(
             tools=tools,
             memory=render_memory(state.get("memory", [])),
             turn=turn,
-            max_turns=context.max_turns,
             tool_names=", ".join(tool.name for tool in available),
             examples=render_plan_examples(available),
         )

@@ -58,8 +58,8 @@ class ScriptedPolicy:
 def planner_turn(tool: str, sub_goal: str = "compute it", context: str = "none") -> str:
     """Return a well-formed planner turn naming `tool`."""
     return (
-        f"Justification: the tool fits.\nContext: {context}\nSub-Goal: {sub_goal}\n"
-        f"Tool Name: {tool}"
+        f"Tool Name: {tool}\nJustification: the tool fits.\nContext: {context}\n"
+        f"Sub-Goal: {sub_goal}"
     )
 
 

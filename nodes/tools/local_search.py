@@ -128,10 +128,14 @@ def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 3) -> BaseTool
         "by keywords and return the most relevant passages with their ids.",
         metadata={
             "usage_notes": "Use short keyword queries naming the entity you need.",
+            # About "the question", not an example question of its own: the untrained embedded
+            # planner copies a plan example's sub-goal whole (bench/planner_first_turns.py),
+            # and "Find the year the Eiffel Tower was completed." then sent the executor's
+            # query astray (12 of 24 held-out lookups found, 19 under the question itself).
             "plan_example": {
                 "justification": "The question asks for a fact the documents hold.",
-                "context": "The question names the Eiffel Tower.",
-                "sub_goal": "Find the year the Eiffel Tower was completed.",
+                "context": "The question names what to look up.",
+                "sub_goal": "Find the passage that answers the question.",
             },
             # No "call_example": measured on the embedded SmolLM2, a worked query made it copy
             # the example's entity into its own (13 of 24 held-out lookups found, 19 without).

@@ -203,10 +203,11 @@ def python_tool(
         ),
         metadata={
             "usage_notes": usage_notes(bounds, isolation),
+            # About "the question", as local_search's (copied whole by a small planner).
             "plan_example": {
                 "justification": "The question needs an exact result, which code computes.",
-                "context": "The numbers are 12 and 34.",
-                "sub_goal": "Compute 12 * 34.",
+                "context": "The question gives the numbers.",
+                "sub_goal": "Compute the question's expression with code.",
             },
             # The executor's worked call. Measured on the embedded SmolLM2 as the engine, with
             # the held-out question as sub-goal: the code computed the answer in 21 of 24

@@ -11,7 +11,8 @@ planner is a small Qwen2 warmed up on the output format with random tools and su
 
 Held out: 40 questions that training never saw, sums of numbers from 60 to 99 (training adds
 2 to 59) and capitals of 5 countries in no training question (their passages are in the
-corpus). Success is measured greedy with one turn, so it is the first choice (chance 0.5).
+corpus). Measured greedy under the training's prompt (two turns): the share whose first tool
+is the right one (chance 0.5) and the success; success at one turn is printed.
 
 It trains for at most 60 steps and stops once, for three steps, the training reward has stayed
 at 0.95 or more and the rollouts averaged at most 1.12 turns. The sampling is not seeded, so
@@ -43,12 +44,19 @@ runs differ. What it took:
   and trained to reward 1.0 in 46 steps, but held-out success fell 0.50 -> 0.00 at one and two
   turns: greedy filler did not end as sampled filler does. The tool name now comes first
   (`learning.warmup.FORMAT`), and the held-out outcomes (tools, format errors) are printed.
-  Run 5 (that format): stopped at step 18, 2.8 minutes in all; held-out 0.50 -> 1.00 (one and
-  two turns); completions of 2 to 20 tokens.
-- Greedy with two turns (printed, not asserted): 0.50 -> 1.00, 1.00, 0.80, 1.00 in runs 1-4.
-  The one-turn measure renders "step 1 of at most 1", a prompt training never showed; at two
-  turns, the training's own prompt, run 3 still chose wrong twice (or broke the format) on a
-  fifth of the held-out questions. So the choice under the training prompt is not asserted.
+  Run 5 (that format, after a prefilled `Justification:` and a justification line): stopped at
+  step 18, 2.8 minutes in all; held-out 0.50 -> 1.00 (one and two turns); completions of 2 to
+  20 tokens. Since then the product's prompt puts the tool name first and prefills it, so the
+  toy writes the tool straight after the prefill.
+- Runs 1-4 asserted success at one turn, and printed it at two: 0.50 -> 1.00, 1.00, 0.80,
+  1.00. The one-turn measure renders "step 1 of at most 1", a prompt training never showed.
+  Run 6 (tool name prefilled, session 12) is why the measure moved to the training's prompt:
+  stopped at step 31, held-out success at two turns 0.50 -> 1.00 with every first tool right,
+  but at one turn 0.50 -> 0.50 (python for every question under the unseen prompt). The
+  product's prompt then stopped naming the budget ("This is step 1."), so both measures read
+  the same first prompt. Run 7 (that prompt): stopped at step 44, 7 minutes in all; reward
+  near 0.7 for 25 steps, 0.97 by step 33; held-out 0.50 -> 1.00 at one and two turns, every
+  first tool right.
 
 The first version (one turn, near-constant lengths, held-out capitals of training countries)
 learned in 13 to 22 steps with 8 rollouts per question; with 4, 2 runs of 6 collapsed to one
@@ -160,8 +168,9 @@ def scorer(answer: str, case: Case) -> Score:
 
 def held_out_success(
     model: Any, tokenizer: Any, engine: Any, tools: Any, cases: list[Case], max_turns: int = 1
-) -> float:
-    """Greedy success of the model as planner on `cases` (one turn: the first choice)."""
+) -> tuple[float, float]:
+    """Greedy success of the model as planner on `cases`, and the share whose first tool was
+    the right one."""
     flow = build_agentflow(HFPolicy(model, tokenizer), engine, tools)
     greedy = Context(
         max_turns=max_turns, planner_temperature=0.0, planner_max_new_tokens=MAX_NEW_TOKENS
@@ -169,7 +178,8 @@ def held_out_success(
     results = run_eval(flow, cases, scorer, concurrency=1, progress=False, context=greedy)
     outcomes = Counter((tuple(r.tools), r.format_errors, r.score) for r in results)
     print(f"held-out at {max_turns} turn(s): (tools, format errors, score) {dict(outcomes)}")
-    return sum(r.score for r in results) / len(results)
+    first = [r.tools[:1] == ["python" if "+" in r.query else "local_search"] for r in results]
+    return sum(r.score for r in results) / len(results), sum(first) / len(results)
 
 
 def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
@@ -188,7 +198,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     for case in train_cases:
         recording.invoke({"question": case.query}, context=Context(max_turns=MAX_TURNS))
     texts = [m["content"] for messages in recorder.prompts for m in messages]
-    texts += [" the question decides.\n" + FORMAT.format(filler="", tool=t) for t in TOOLS] * 20
+    texts += ["Tool Name:" + FORMAT.format(filler="", tool=t) for t in TOOLS] * 20
     model, tokenizer = build_policy(tmp_path / "policy", texts, SEED)
     warm_up_format(model, tokenizer, recorder.prompts)
     # Saved and reloaded, so the trained model starts from the warmed-up weights on disk.
@@ -196,9 +206,11 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     tokenizer.save_pretrained(tmp_path / "warm")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "warm")
 
-    before = held_out_success(model, tokenizer, engine, tools, held_out)
-    before_2 = held_out_success(model, tokenizer, engine, tools, held_out, MAX_TURNS)
-    assert 0.3 <= before <= 0.7, f"the warmed-up planner should start near chance, got {before}"
+    before, _ = held_out_success(model, tokenizer, engine, tools, held_out)
+    before_2, first_before = held_out_success(model, tokenizer, engine, tools, held_out, MAX_TURNS)
+    assert 0.3 <= first_before <= 0.7, (
+        f"the warmed-up planner should start near chance: {first_before}"
+    )
 
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"),
@@ -241,20 +253,21 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     )
     trainer.train()
 
-    after = held_out_success(model, tokenizer, engine, tools, held_out)
-    after_2 = held_out_success(model, tokenizer, engine, tools, held_out, MAX_TURNS)
+    after, _ = held_out_success(model, tokenizer, engine, tools, held_out)
+    after_2, first_after = held_out_success(model, tokenizer, engine, tools, held_out, MAX_TURNS)
     logs = [h for h in trainer.state.log_history if "flow/mean_reward" in h]
     curve = [round(h["flow/mean_reward"], 3) for h in logs]
     turns = [round(h["flow/mean_turns"], 3) for h in logs]
     report = (
         f"held-out success (1 turn) {before:.2f} -> {after:.2f}, (2 turns) {before_2:.2f} -> "
-        f"{after_2:.2f}; {len(curve)} steps; reward curve {curve}; mean turns {turns}; "
+        f"{after_2:.2f}; right first tool (2 turns) {first_before:.2f} -> {first_after:.2f}; "
+        f"{len(curve)} steps; reward curve {curve}; mean turns {turns}; "
         f"rollout turns {dict(shapes.turns)}; completion lengths {sorted(shapes.lengths.items())}"
     )
     print(report)
     rollouts = sum(shapes.turns.values())
     assert shapes.turns[1] >= 0.05 * rollouts and shapes.turns[2] >= 0.05 * rollouts, report
     assert len(shapes.lengths) >= 4, report  # completions of varied lengths
-    assert after >= 0.9, report
+    assert first_after >= 0.9 and after_2 >= 0.9, report
     assert sum(turns[:5]) / 5 > sum(turns[-5:]) / 5 + 0.2, report  # the right tool first
     assert sum(curve[-5:]) / 5 > sum(curve[:5]) / 5 + 0.1, report  # the training reward rose

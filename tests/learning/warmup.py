@@ -12,11 +12,13 @@ from tiny_model import build_tiny_model
 from flowlearn.nodes.policies.hf import chat_prompt_ids
 
 TOOLS = ["python", "local_search"]
-FORMAT = "Tool Name: {tool}\nSub-Goal: answer the question{filler}"
-"""The tool first, the filler after it: the choice is read before any filler. With the filler
-first, one CI run learned to sample two or three fillers (completions of 8 and 10 tokens) and
-greedy decoding then failed every held-out question at one and at two turns (0.50 -> 0.00)
-while its training reward reached 1.0: greedy filler does not end where sampled filler does."""
+FORMAT = " {tool}\nSub-Goal: answer the question{filler}"
+"""What the policy writes after the prefilled `Tool Name:`: the tool first, the filler after
+it, so the choice is read before any filler. With the filler first (a justification line and
+the sub-goal, then the tool name, as the product's prompt had it), one CI run learned to
+sample two or three fillers (completions of 8 and 10 tokens) and greedy decoding then failed
+every held-out question at one and at two turns (0.50 -> 0.00) while its training reward
+reached 1.0: greedy filler does not end where sampled filler does."""
 FILLERS = ["zork", "quux", "blip", "frob", "wug", "glim"]
 """Filler words of the sub-goal, 0 to `MAX_FILLERS` of them: completion lengths vary."""
 MAX_FILLERS = 5
@@ -27,12 +29,9 @@ merged into the text around them, every held-out question would read as new toke
 
 
 def planner_output(tool: str, rng: random.Random) -> str:
-    """What the policy writes after the prefilled `Justification:`: a justification line, then
-    `FORMAT` with a sub-goal of 0 to `MAX_FILLERS` random filler words."""
+    """`FORMAT` with a sub-goal of 0 to `MAX_FILLERS` random filler words."""
     words = rng.choices(FILLERS, k=rng.randint(0, MAX_FILLERS))
-    return " the question decides.\n" + FORMAT.format(
-        filler="".join(f" {w}" for w in words), tool=tool
-    )
+    return FORMAT.format(filler="".join(f" {w}" for w in words), tool=tool)
 
 
 def build_policy(folder: Path, texts: Sequence[str], seed: int) -> tuple[Any, Any]:
