@@ -22,7 +22,7 @@ from flowlearn.nodes.tools.wikipedia import wikipedia_tool
 BUNDLED_CORPUS = Path(__file__).parent / "data" / "world_facts.jsonl"
 
 
-BASE_TOOLS = ("python", "generalist", "local_search")
+BASE_TOOLS = ("local_search", "generalist", "python")
 """The offline default set, in order."""
 WEB_TOOLS = ("wikipedia_search", "web_search")
 """The web tools, added with `web=True`."""
@@ -37,7 +37,14 @@ def default_tools(
     python_isolation: Isolation = "bwrap",
     wikipedia_endpoint: str | None = None,
 ) -> list[BaseTool]:
-    """Return the default tools: `python`, `generalist`, `local_search`; web ones when asked.
+    """Return the default tools: `local_search`, `generalist`, `python`; web ones when asked.
+
+    The order is the planner prompt's (catalogue, tool list and plan examples), and it sets
+    the untrained embedded SmolLM2's first choice: the chance of " python" as the token after
+    `Tool Name:` at T=0.7, averaged over 12 training questions (a one-off next-token measure),
+    was 0.90 for either kind with python listed first; with local_search first, python 0.50
+    and local_search 0.36 on arithmetic, 0.42 and 0.44 on lookups: a start that leaves
+    Flow-GRPO something to choose between.
 
     Args:
         engine: the fixed chat model the generalist calls.
@@ -53,8 +60,7 @@ def default_tools(
 
     """
     python = python_tool(timeout=python_timeout, isolation=python_isolation)
-    tools = [python, generalist_tool(engine)]
-    tools.append(local_search_tool(corpus or str(BUNDLED_CORPUS)))
+    tools = [local_search_tool(corpus or str(BUNDLED_CORPUS)), generalist_tool(engine), python]
     if web:
         tools += [wikipedia_tool(endpoint=wikipedia_endpoint), web_search_tool()]
     return tools

@@ -53,17 +53,17 @@ def test_default_tools_add_local_search_for_a_corpus(
     engine = FakeChatModel()
     monkeypatch.delenv("FLOWLEARN_CORPUS", raising=False)
     bundled = default_tools(engine)
-    assert [t.name for t in bundled] == ["python", "generalist", "local_search"]
-    assert bundled[-1].invoke({"query": "capital of Kenya"}).startswith("[1] (id: cap-")
-    assert "Nairobi" in bundled[-1].invoke({"query": "capital of Kenya"}).split("\n\n")[0]
-    assert "(id: d1) Paris" in default_tools(engine, corpus=str(corpus))[-1].invoke(
+    assert [t.name for t in bundled] == ["local_search", "generalist", "python"]
+    assert bundled[0].invoke({"query": "capital of Kenya"}).startswith("[1] (id: cap-")
+    assert "Nairobi" in bundled[0].invoke({"query": "capital of Kenya"}).split("\n\n")[0]
+    assert "(id: d1) Paris" in default_tools(engine, corpus=str(corpus))[0].invoke(
         {"query": "capital of France"}
     )
     monkeypatch.setenv("FLOWLEARN_CORPUS", str(corpus))
     monkeypatch.setenv("FLOWLEARN_WEB_TOOLS", "1")
     monkeypatch.setenv("TAVILY_API_KEY", "tvly-test")
-    assert [t.name for t in default_tools(engine)] == ["python", "generalist", "local_search"]
+    assert [t.name for t in default_tools(engine)] == ["local_search", "generalist", "python"]
     spec = FlowSpec.from_env()  # only the composition root reads the environment
     assert spec.corpus == str(corpus) and spec.web
-    assert "(id: d1) Paris" in build_tools(spec, engine)[2].invoke({"query": "capital of France"})
+    assert "(id: d1) Paris" in build_tools(spec, engine)[0].invoke({"query": "capital of France"})
     assert FlowSpec.from_env(corpus="x.jsonl", web=False).corpus == "x.jsonl"

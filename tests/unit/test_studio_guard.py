@@ -140,6 +140,6 @@ def test_python_is_off_in_the_studio_graph_unless_enabled() -> None:
     assert "python" in FlowSpec.for_studio({STUDIO_PYTHON_ENV: "1"}).bound_tools()
     assert "python" in FlowSpec.from_env({}).bound_tools()  # the CLI's spec keeps it
     off = FlowSpec.for_studio({"FLOWLEARN_WEB_TOOLS": "0"})
-    assert [t.name for t in build_tools(off, FakeChatModel())] == ["generalist", "local_search"]
+    assert [t.name for t in build_tools(off, FakeChatModel())] == ["local_search", "generalist"]
     with pytest.raises(UsageError, match=f"{STUDIO_PYTHON_ENV}=1"):
         check_names(off, tools=["python"])
