@@ -14,8 +14,8 @@ It counts, out of all samples: plans that parse and name an enabled tool, the ri
 question's kind, sub-goals copied from a plan example, and sub-goals that
 name the question's content (a capitalised word after its first, or a number of 3+ digits).
 
-Run: `python bench/planner_first_turns.py [questions per kind] [samples]` (defaults 10 and 3;
-about 5 minutes on 2 cores).
+Run: `python bench/planner_first_turns.py [questions per kind] [samples] [layouts...]`
+(defaults 10, 3 and all three; about 5 minutes a layout on 2 cores).
 """
 
 from __future__ import annotations
@@ -157,11 +157,12 @@ async def main(per_kind: int, samples: int) -> None:
         if decision.ok and tool is not None:
             found["parsed"] += 1
             found["right tool"] += tool == case["tool"]
+            found[f"chose {tool}"] += 1
             found["copied"] += any(c in decision.sub_goal.lower() for c in COPIED)
             found["names question"] += names_question(decision.sub_goal, case["question"])
         return found
 
-    for name in LAYOUTS:
+    for name in sys.argv[3:] or LAYOUTS:
         with layout(name, tools):
             jobs = [
                 first_turn(case, str(a.content))
@@ -172,11 +173,12 @@ async def main(per_kind: int, samples: int) -> None:
         total = counts["samples"]
         print(
             f"{name:10}: parsed {counts['parsed']}/{total}, right tool {counts['right tool']}, "
-            f"copied an example {counts['copied']}, names the question {counts['names question']}",
+            f"copied an example {counts['copied']}, names the question {counts['names question']}; "
+            + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k.startswith("chose")),
             flush=True,
         )
 
 
 if __name__ == "__main__":
-    args = [int(a) for a in sys.argv[1:]]
+    args = [int(a) for a in sys.argv[1:3]]
     asyncio.run(main(*(args + [10, 3][len(args) :])))
