@@ -24,7 +24,7 @@ from flowlearn.training.batching import VERL_DUAL_CLIP, check_trainer_batching, 
 from flowlearn.training.config_values import RENAMED, UNSUPPORTED, check_values
 from flowlearn.training.server_options import check_server_options
 from flowlearn.training.vllm_settings import check_vllm_config
-from flowlearn.training.weights import RENAMED_MODES, check_mode
+from flowlearn.training.weights import refuse_renamed_mode
 
 
 def _help(text: str, default: Any, **extra: Any) -> Any:
@@ -134,8 +134,7 @@ class FlowGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        if self.mode in RENAMED_MODES:  # named before the Literal's plain refusal
-            check_mode(self.mode)
+        refuse_renamed_mode(self.mode)  # before the Literal's plain refusal
         check_values(self)  # types, choices and ranges first, each error naming its key
         self._check_flow()
         self._check_supported()
@@ -293,10 +292,7 @@ def parse_config(argv: Sequence[str] = ()) -> FlowGRPOConfig:
     try:
         (config,) = FlowParser().parse_args_and_config(list(argv))
     except argparse.ArgumentError as exc:
-        renamed = [
-            m for m in RENAMED_MODES if exc.argument_name == "--mode" and repr(m) in str(exc)
-        ]
-        if renamed:
-            check_mode(renamed[0])  # names the mode's new name
+        for quoted in str(exc).split("'")[1::2] if exc.argument_name == "--mode" else ():
+            refuse_renamed_mode(quoted)  # "invalid choice: 'official' (choose from ...)"
         raise ValueError(str(exc)) from None
     return cast(FlowGRPOConfig, config)

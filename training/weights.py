@@ -30,14 +30,19 @@ rollout batch, so the mode reproduces verl v0.5.0's arithmetic but not all of it
 
 def check_mode(mode: str) -> None:
     """Refuse a mode that is not one of `MODES`, naming the new name of a renamed one."""
+    refuse_renamed_mode(mode)
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; use one of {MODES}")
+
+
+def refuse_renamed_mode(mode: str) -> None:
+    """Refuse a mode's old name (`RENAMED_MODES`), saying its new name and why."""
     if mode in RENAMED_MODES:
         raise ValueError(
             f"mode {mode!r} is now {RENAMED_MODES[mode]!r}: it reproduces the official code's "
             "arithmetic (verl v0.5.0) where TRL can express it; the README's section on the "
             f"{RENAMED_MODES[mode]} mode lists what differs"
         )
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; use one of {MODES}")
 
 
 class WeightedRow(Protocol):
