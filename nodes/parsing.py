@@ -91,7 +91,7 @@ def starts_with_label(text: str) -> bool:
 
 
 def parse_planner_output(text: str) -> PlannerDecision:
-    r"""Parse `Justification / Context / Sub-Goal / Tool Name` from a planner output.
+    r"""Parse `Tool Name / Justification / Context / Sub-Goal` (any order) from a planner output.
 
     Labelled lines and JSON objects are both accepted; when a field appears more than once the
     last occurrence wins (models often restate their plan). Never raises.

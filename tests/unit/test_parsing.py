@@ -120,3 +120,17 @@ def test_read_answer_falls_back_in_order(text: str, answer: str, source: str) ->
     read = read_answer(text)
     assert (read.answer, read.source) == (answer, source)
     assert read.fallback == (source != "tags")
+
+
+def test_the_prefilled_label_is_added_only_when_the_policy_did_not_write_one() -> None:
+    from flowlearn.nodes.planner import plan_complete, with_reply_prefix
+
+    continued = " python\nJustification: j\nContext: c\nSub-Goal: add the numbers\n"
+    assert with_reply_prefix(continued) == "Tool Name:" + continued
+    assert parse_planner_output(with_reply_prefix(continued)).tool_name == "python"
+    assert plan_complete(continued) and not plan_complete(continued.rstrip("\n"))
+    # A planner that writes its own labels, in AgentFlow's order, is taken as it is.
+    for own in (PLAIN, "**Justification:** j\n**Tool Name:** python", '{"tool_name": "python"}'):
+        assert with_reply_prefix(own) == own
+    # Text that only mentions a label mid-line still gets the prefill.
+    assert with_reply_prefix(" the Tool Name: python").startswith("Tool Name:")
