@@ -7,11 +7,17 @@ SmolLM2-135M-Instruct, greedy, as in `flowlearn run`: it writes the query analys
 call and the answer. Whatever a trained planner does, its accuracy on this task is at most what
 this perfect plan reaches, since the plan is all the planner writes.
 
+`--plan example` writes instead the right tool's own plan example (its justification, context
+and sub-goal, e.g. "Find the passage that answers the question."): the plan of a planner that
+learned the tool choice and copies the prompt's example for the rest, as the embedded planner
+does (bench/planner_first_turns.py).
+
 Prints, per question and in total:
 - `tool`: the tool's result holds the reference answer (the executor's call was right);
 - `answer`: the flow's answer matches the reference (exact match, the task's scorer).
 
-Run: `python bench/engine_ceiling.py [--limit N]`. Writes bench/results/engine_ceiling.json.
+Run: `python bench/engine_ceiling.py [--limit N] [--plan question|example]`. Writes
+bench/results/engine_ceiling.json (`--plan example`: engine_ceiling_example.json).
 """
 
 from __future__ import annotations
@@ -35,10 +41,22 @@ from flowlearn.nodes.tools import default_tools
 RESULTS = Path(__file__).parent / "results" / "engine_ceiling.json"
 
 
-async def run_case(case: dict[str, Any], engine: HFChatModel, tools: list[Any]) -> dict[str, Any]:
-    """Run one case with its perfect plan; return what the tool and the flow answered."""
-    goal = case["question"].rstrip("?.")
-    planner = ScriptedPolicy([planner_turn(case["tool"], goal, case["question"])])
+def plan(case: dict[str, Any], tools: list[Any], kind: str) -> str:
+    """The case's right tool, with the question as sub-goal and context, or its plan example."""
+    if kind == "question":
+        return planner_turn(case["tool"], case["question"].rstrip("?."), case["question"])
+    example = next(t for t in tools if t.name == case["tool"]).metadata["plan_example"]
+    return (
+        f"Tool Name: {case['tool']}\nJustification: {example['justification']}\n"
+        f"Context: {example['context']}\nSub-Goal: {example['sub_goal']}"
+    )
+
+
+async def run_case(
+    case: dict[str, Any], engine: HFChatModel, tools: list[Any], kind: str
+) -> dict[str, Any]:
+    """Run one case with its right-tool plan; return what the tool and the flow answered."""
+    planner = ScriptedPolicy([plan(case, tools, kind)])
     graph = build_agentflow(planner, engine, tools)
     question = with_answer_instruction(case["question"])  # as `flowlearn eval` asks it
     state = await graph.ainvoke({"question": question}, context=Context(max_turns=1))
@@ -57,7 +75,7 @@ async def run_case(case: dict[str, Any], engine: HFChatModel, tools: list[Any]) 
     }
 
 
-async def main(limit: int) -> None:
+async def main(limit: int, kind: str) -> None:
     """Run the held-out cases 16 at a time on one engine; print and save the figures."""
     cases = [json.loads(line) for line in HELDOUT_FILE.read_text().splitlines()][:limit]
     policy = HFPolicy.from_pretrained(None)  # the embedded default
@@ -67,7 +85,7 @@ async def main(limit: int) -> None:
     names = ("python", "local_search")
     tools = [t for t in default_tools(engine, corpus=str(CORPUS_FILE)) if t.name in names]
     start = time.perf_counter()
-    rows = await asyncio.gather(*[run_case(case, engine, tools) for case in cases])
+    rows = await asyncio.gather(*[run_case(case, engine, tools, kind) for case in cases])
     seconds = time.perf_counter() - start
     for row in rows:
         print(
@@ -79,16 +97,31 @@ async def main(limit: int) -> None:
     tool_right = sum(r["tool_right"] for r in rows)
     answer_right = sum(r["answer_right"] for r in rows)
     print(
-        f"\n{n} held-out cases with a perfect plan, the untrained engine: the tool's result "
-        f"held the answer in {tool_right}/{n}, the flow answered right in {answer_right}/{n} "
-        f"({seconds:.0f} s)"
+        f"\n{n} held-out cases with the right tool ({kind} plan), the untrained engine: the "
+        f"tool's result held the answer in {tool_right}/{n}, the flow answered right in "
+        f"{answer_right}/{n} ({seconds:.0f} s)"
     )
-    RESULTS.parent.mkdir(exist_ok=True)
-    summary = {"cases": n, "tool_right": tool_right, "answer_right": answer_right}
-    RESULTS.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+    kinds = {"lookups": "local_search", "arithmetic": "python"}
+    for label, tool in kinds.items():
+        mine = [r for r, c in zip(rows, cases, strict=True) if c["tool"] == tool]
+        print(
+            f"{label}: tool {sum(r['tool_right'] for r in mine)}/{len(mine)}, answer "
+            f"{sum(r['answer_right'] for r in mine)}/{len(mine)}"
+        )
+    out = RESULTS if kind == "question" else RESULTS.with_name(f"{RESULTS.stem}_{kind}.json")
+    out.parent.mkdir(exist_ok=True)
+    summary = {"cases": n, "plan": kind, "tool_right": tool_right, "answer_right": answer_right}
+    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=48, help="held-out cases to run (48)")
-    asyncio.run(main(parser.parse_args().limit))
+    parser.add_argument(
+        "--plan",
+        choices=("question", "example"),
+        default="question",
+        help="sub-goal and context: the question itself, or the tool's plan example",
+    )
+    args = parser.parse_args()
+    asyncio.run(main(args.limit, args.plan))

@@ -5,7 +5,8 @@ A rollout may take two turns: the scripted verifier says CONTINUE while the last
 lacks what the question needs (python prints 'unknown' for a capital, a search finds no sum),
 and the generator answers from the last tool result only. So the right tool first answers in
 one turn, the wrong tool first can still be repaired in the second turn, and the wrong tool
-twice (or a format error) gives a wrong answer.
+twice (or a format error) gives a wrong answer. `turn_cost` charges the second turn, so that
+the right tool first is the only best policy.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from langchain_core.messages import AIMessage
 
 from fakes import FakeChatModel
 from flowlearn.evals.cases import Case
+from flowlearn.training.collect import RewardTerm
+from flowlearn.training.trajectory import Trajectory
 
 CAPITALS = {
     "France": "Paris",
@@ -87,6 +90,20 @@ def make_cases(
     if shuffle:
         rng.shuffle(cases)
     return cases
+
+
+def turn_cost(weight: float = 0.25) -> RewardTerm:
+    """A reward term of `-weight` per planner turn after the first.
+
+    With the outcome alone, "one tool first, the other if it fails" earns as much as the right
+    tool first (a CI run learned it: reward 1.0, every first tool `local_search`).
+    """
+
+    def cost(trajectory: Trajectory) -> float:
+        turns = sum(t["node"] == "planner" for t in trajectory.transitions)
+        return -weight * max(turns - 1, 0)
+
+    return cost
 
 
 def _last_step(prompt: str) -> str:

@@ -5,9 +5,10 @@ The task (`learning.task`): arithmetic questions need `python`, capital question
 only the planner's tool choices decide the reward. A rollout has up to two turns: the verifier
 says CONTINUE while the last tool result lacks what the question needs, so the wrong tool
 first gets a second turn, and the answer (from the last result) is right only if the right
-tool was used within the budget. The reward is the outcome only, broadcast to every turn. The
-planner is a small Qwen2 warmed up on the output format with random tools and sub-goals of
-0 to 5 filler words, so it starts at chance and its completions vary in length.
+tool was used within the budget. The reward is the outcome, less 0.25 for a second turn
+(`learning.task.turn_cost`), broadcast to every turn. The planner is a small Qwen2 warmed up
+on the output format with random tools and sub-goals of 0 to 5 filler words, so it starts at
+chance and its completions vary in length.
 
 Held out: 40 questions that training never saw, sums of numbers from 60 to 99 (training adds
 2 to 59) and capitals of 5 countries in no training question (their passages are in the
@@ -57,6 +58,13 @@ runs differ. What it took:
   the same first prompt. Run 7 (that prompt): stopped at step 44, 7 minutes in all; reward
   near 0.7 for 25 steps, 0.97 by step 33; held-out 0.50 -> 1.00 at one and two turns, every
   first tool right.
+- A CI run (session 12's code) found a second optimum of the outcome alone: `local_search`
+  first for every question, then `python` when the search had no sum. Reward 1.0 by step 36,
+  mean turns still 1.5, held-out at two turns 0.50 -> 1.00 but every first tool
+  `local_search`; 60 steps, no stop. A second turn now costs 0.25 (`learning.task.turn_cost`),
+  so only the right tool first earns the most (chance now gives about 0.62). Run 8: reward
+  near 0.6 for 17 steps, 0.94 at step 21, stopped at step 24 (2.8 minutes in all); mean turns
+  1.5 -> 1.06; held-out 0.50 -> 1.00 at one and two turns, every first tool right.
 
 The first version (one turn, near-constant lengths, held-out capitals of training countries)
 learned in 13 to 22 steps with 8 rollouts per question; with 4, 2 runs of 6 collapsed to one
@@ -97,6 +105,7 @@ from learning.task import (
     TRAIN_COUNTRIES,
     make_cases,
     scripted_engine,
+    turn_cost,
     write_corpus,
 )
 from learning.warmup import FORMAT, TOOLS, build_policy, planner_output, warm_up_format
@@ -248,6 +257,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
             max_turns=MAX_TURNS, planner_temperature=1.0, planner_max_new_tokens=MAX_NEW_TOKENS
         ),
         processing_class=tokenizer,
+        extra_rewards={"turns": turn_cost()},
         callbacks=[StopWhenLearned()],
         rollout_store=shapes,
     )
