@@ -14,7 +14,9 @@ does (bench/planner_first_turns.py).
 
 Prints, per question and in total:
 - `tool`: the tool's result holds the reference answer (the executor's call was right);
-- `answer`: the flow's answer matches the reference (exact match, the task's scorer).
+- `answer`: the flow's answer matches the reference (exact match, the task's scorer);
+- how often the verifier said STOP (with one turn the flow answers either way; with more, a
+  CONTINUE runs another planner turn).
 
 Run: `python bench/engine_ceiling.py [--limit N] [--plan question|example]`. Writes
 bench/results/engine_ceiling.json (`--plan example`: engine_ceiling_example.json).
@@ -63,6 +65,7 @@ async def run_case(
     actions = [m for m in state["memory"] if m.get("kind") == "action"]
     result = str(actions[0].get("result") or actions[0].get("error")) if actions else ""
     answer = str(state.get("answer") or "")
+    verdicts = [m.get("verdict") for m in state["memory"] if m.get("kind") == "verification"]
     return {
         "id": case["id"],
         "question": case["question"],
@@ -72,6 +75,7 @@ async def run_case(
         "tool_right": normalize_answer(case["answer"]) in normalize_answer(result),
         "answer": answer[:200],
         "answer_right": exact_match(answer, case["answer"]).value == 1.0,
+        "verdict": verdicts[-1] if verdicts else None,
     }
 
 
@@ -108,6 +112,11 @@ async def main(limit: int, kind: str) -> None:
             f"{label}: tool {sum(r['tool_right'] for r in mine)}/{len(mine)}, answer "
             f"{sum(r['answer_right'] for r in mine)}/{len(mine)}"
         )
+    stops = [r for r in rows if r["verdict"] == "STOP"]
+    print(
+        f"verifier STOP in {len(stops)}/{n}: {sum(r['tool_right'] for r in stops)} of the "
+        f"{tool_right} whose tool result held the answer"
+    )
     out = RESULTS if kind == "question" else RESULTS.with_name(f"{RESULTS.stem}_{kind}.json")
     out.parent.mkdir(exist_ok=True)
     summary = {"cases": n, "plan": kind, "tool_right": tool_right, "answer_right": answer_right}

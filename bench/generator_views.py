@@ -11,13 +11,22 @@ it. The embedded SmolLM2 generator then answers from memory shown as:
 - `no-arguments k=3`: as `no-arguments`, 3 passages;
 - `shipped`: as `no-arguments k=3`, the question without its instruction (`bare_question`);
 - `restating reply`: as `shipped`, with the worked python answer restating the
-  expression ("computed 12 * 34 and printed 408") as it once did.
+  expression ("computed 12 * 34 and printed 408") as it once did;
+- `author example`: as `shipped`, the capital example replaced by an author's, whose answer
+  ends its passage ("The Glass Road is a novel written by Ana Petrov.");
+- `three examples`: as `shipped`, with the author's example added;
+- `question order`: as `shipped`, the capital example's reply restating the passage in the
+  question's order ("the capital of Kenya is Nairobi").
+
+`--plan example` replays instead the calls of `bench/engine_ceiling.py --plan example` (the
+tools' plan examples as sub-goals, shown in memory as such), and `--views a,b` runs only those.
 
 Prints exact-match answers right per kind for each view. Run: `python bench/generator_views.py`.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
@@ -38,13 +47,48 @@ from flowlearn.nodes.prompts import (
     GENERATOR_PROMPT,
 )
 from flowlearn.nodes.render import bare_question, memory_prompt
+from flowlearn.nodes.tools import python_tool
 from flowlearn.nodes.tools.local_search import local_search_tool
 
 CEILING = Path(__file__).parent / "results" / "engine_ceiling.json"
+SUB_GOALS = {
+    tool.name: tool.metadata["plan_example"]["sub_goal"]
+    for tool in (python_tool(), local_search_tool(CORPUS_FILE))
+}
 _question, _memory, _ = GENERATOR_EXAMPLES[0]
 RESTATING = (
     (_question, _memory, "The python tool computed 12 * 34 and printed 408. <answer>408</answer>"),
     GENERATOR_EXAMPLES[1],
+)
+_AUTHOR_RESULT = (
+    "[1] (id: glass-road) The Glass Road\nThe Glass Road is a novel written by Ana Petrov.\n\n"
+    "[2] (id: red-hill) The Red Hill\nThe Red Hill is a novel written by Tom Berg."
+)
+AUTHOR = (
+    "Who wrote the novel The Glass Road?",
+    [
+        {
+            "turn": 1,
+            "kind": "action",
+            "tool": "local_search",
+            "sub_goal": "Find the author of The Glass Road.",
+            "arguments": {"query": "The Glass Road novel author"},
+            "result": _AUTHOR_RESULT,
+            "error": None,
+        },
+        {"turn": 1, "kind": "verification", "verdict": "STOP"},
+    ],
+    "The first passage says The Glass Road is a novel written by Ana Petrov. "
+    "<answer>Ana Petrov</answer>",
+)
+_kenya_question, _kenya_memory, _ = GENERATOR_EXAMPLES[1]
+QUESTION_ORDER = (
+    GENERATOR_EXAMPLES[0],
+    (
+        _kenya_question,
+        _kenya_memory,
+        "The first passage says the capital of Kenya is Nairobi. <answer>Nairobi</answer>",
+    ),
 )
 VIEWS = {  # arguments shown, passages, examples, the question as the generator reads it
     "arguments": (True, 5, GENERATOR_EXAMPLES, str),
@@ -52,10 +96,13 @@ VIEWS = {  # arguments shown, passages, examples, the question as the generator 
     "no-arguments k=3": (False, 3, GENERATOR_EXAMPLES, str),
     "shipped": (False, 3, GENERATOR_EXAMPLES, bare_question),
     "restating reply": (False, 3, RESTATING, bare_question),
+    "author example": (False, 3, (GENERATOR_EXAMPLES[0], AUTHOR), bare_question),
+    "three examples": (False, 3, (*GENERATOR_EXAMPLES, AUTHOR), bare_question),
+    "question order": (False, 3, QUESTION_ORDER, bare_question),
 }
 
 
-def replayed_memory(row: dict[str, Any], k: int) -> list[dict[str, Any]]:
+def replayed_memory(row: dict[str, Any], k: int, plan: str) -> list[dict[str, Any]]:
     """Return the case's memory: its recorded call, the lookup rerun with `k` passages."""
     arguments = row["arguments"] or {}
     lookup = "query" in arguments
@@ -68,7 +115,9 @@ def replayed_memory(row: dict[str, Any], k: int) -> list[dict[str, Any]]:
         "turn": 1,
         "kind": "action",
         "tool": "local_search" if lookup else "python",
-        "sub_goal": row["question"].rstrip("?."),
+        "sub_goal": SUB_GOALS["local_search" if lookup else "python"]
+        if plan == "example"
+        else row["question"].rstrip("?."),
         "arguments": arguments,
         "result": result,
         "error": None,
@@ -76,9 +125,10 @@ def replayed_memory(row: dict[str, Any], k: int) -> list[dict[str, Any]]:
     return [action, {"turn": 1, "kind": "verification", "verdict": "STOP"}]
 
 
-async def main() -> None:
+async def main(plan: str, views: list[str]) -> None:
     """Answer every case under every view, 16 at a time; print right answers per kind."""
-    rows = json.loads(CEILING.read_text())["rows"]
+    calls = CEILING if plan == "question" else CEILING.with_name(f"{CEILING.stem}_{plan}.json")
+    rows = json.loads(calls.read_text())["rows"]
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     ask = role_call(
         HFChatModel(policy=policy), None, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP]
@@ -87,13 +137,14 @@ async def main() -> None:
     async def answer(row: dict[str, Any], view: tuple[bool, int, Any, Any]) -> bool:
         arguments, k, examples, read = view
         question = read(with_answer_instruction(row["question"]))
-        state = {"question": question, "memory": replayed_memory(row, k)}
+        state = {"question": question, "memory": replayed_memory(row, k, plan)}
         messages = memory_prompt(GENERATOR_PROMPT, state, examples, arguments=arguments)
         reply = await asyncio.to_thread(ask, messages)
         return exact_match(read_answer(closed_reply(reply)).answer, row["reference"]).value == 1
 
     lookups = ["query" in (row["arguments"] or {}) for row in rows]
-    for name, view in VIEWS.items():
+    for name in views:
+        view = VIEWS[name]
         start = time.perf_counter()
         right = await asyncio.gather(*[answer(row, view) for row in rows])
         found = sum(r for r, lookup in zip(right, lookups, strict=True) if lookup)
@@ -106,4 +157,11 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", choices=("question", "example"), default="question")
+    parser.add_argument("--views", default=",".join(VIEWS), help="comma-separated view names")
+    args = parser.parse_args()
+    unknown = sorted(set(args.views.split(",")) - set(VIEWS))
+    if unknown:
+        parser.error(f"unknown views {unknown}; choose from {sorted(VIEWS)}")
+    asyncio.run(main(args.plan, args.views.split(",")))
