@@ -76,24 +76,24 @@ COPIED = ("eiffel", "12 * 34", "the question's expression", "answers the questio
 
 
 @contextmanager
-def layout(name: str, tools: list[Any]) -> Iterator[None]:
-    """Render the planner's prompt, examples and prefill in the layout `name`."""
+def layout(name: str, tools: list[Any]) -> Iterator[list[Any]]:
+    """Render the planner's prompt, examples and prefill in the layout `name`: yields copies of
+    `tools` carrying its plan examples (the shipped tools stay as they are)."""
     *texts, examples = LAYOUTS[name]
     saved = [getattr(planner_module, key) for key in _KEYS]
-    shown = {t.name: (t.metadata or {}).get("plan_example") for t in tools}
+    shown = [
+        t.model_copy(update={"metadata": {**(t.metadata or {}), "plan_example": examples[t.name]}})
+        if examples and t.name in examples
+        else t
+        for t in tools
+    ]
     for key, value in zip(_KEYS, texts, strict=True):
         setattr(planner_module, key, value)
-    for tool in tools:
-        if tool.metadata is not None:
-            tool.metadata["plan_example"] = (examples or shown).get(tool.name)
     try:
-        yield
+        yield shown
     finally:
         for key, value in zip(_KEYS, saved, strict=True):
             setattr(planner_module, key, value)
-        for tool in tools:
-            if tool.metadata is not None:
-                tool.metadata["plan_example"] = shown[tool.name]
 
 
 _KEYS = ("PLANNER_PROMPT", "PLANNER_EXAMPLE", "PLANNER_REPLY_PREFIX")
@@ -138,7 +138,7 @@ async def main(per_kind: int, samples: int) -> None:
     )
     sampling = Sampling(temperature=0.7, max_new_tokens=context.planner_max_new_tokens)
 
-    async def first_turn(case: dict[str, Any], analysis: str) -> Counter[str]:
+    async def first_turn(case: dict[str, Any], analysis: str, tools: list[Any]) -> Counter[str]:
         messages = planner_module.plan_messages(
             {"question": case["question"]},
             context,
@@ -163,9 +163,9 @@ async def main(per_kind: int, samples: int) -> None:
         return found
 
     for name in sys.argv[3:] or LAYOUTS:
-        with layout(name, tools):
+        with layout(name, tools) as shown:
             jobs = [
-                first_turn(case, str(a.content))
+                first_turn(case, str(a.content), shown)
                 for case, a in zip(cases, analyses, strict=True)
                 for _ in range(samples)
             ]
