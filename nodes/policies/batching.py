@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from flowlearn.nodes.policies.decoding import BatchDecoder, Request, Running
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.nodes.policies.shared_calls import SharedCalls, call_key
 from flowlearn.nodes.policies.stops import StopWatch
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 
@@ -70,6 +71,8 @@ class BatchingPolicy:
         max_wait_s: how long the first request of a batch waits for company.
         min_shared_prefix: when a group of prompts shares at least this many leading tokens,
             that prefix is read once and its KV cache shared by every row of the group.
+        share_greedy_calls: a greedy call identical to one in flight gets a copy of its
+            result instead of a row of its own (`shared_calls`; bench/shared_calls.py).
 
     """
 
@@ -80,11 +83,14 @@ class BatchingPolicy:
     max_batch_size: int = 16
     max_wait_s: float = 0.05
     min_shared_prefix: int = 32
+    share_greedy_calls: bool = True
     _decoder: BatchDecoder = field(init=False, repr=False)
     _queue: queue.Queue[Request | None] = field(init=False, repr=False)
     _worker: threading.Thread | None = field(init=False, repr=False, default=None)
     _stopper: weakref.finalize[Any, Any] | None = field(init=False, repr=False, default=None)
     _start_lock: threading.Lock = field(init=False, repr=False)
+    shared_calls: SharedCalls = field(init=False, repr=False, default_factory=SharedCalls)
+    """Identical greedy calls in flight, decoded once (`shared_calls`)."""
 
     def __post_init__(self) -> None:
         """Check the settings.
@@ -142,12 +148,18 @@ class BatchingPolicy:
         """Queue a prompt given as token ids; its future resolves when it is decoded.
 
         An unseeded sampled request draws its seed here, on the caller's thread, from torch's
-        global generator, so calls submitted in a fixed order sample repeatably.
+        global generator, so calls submitted in a fixed order sample repeatably. A greedy call
+        identical to one in flight shares its decoding (`shared_calls`).
         """
-        request = Request(list(prompt_ids), sampling, list(notes), watch=stopping)
-        self._queue.put(request)
-        self._ensure_worker()
-        return request.future
+
+        def start() -> Future[Generation]:
+            request = Request(list(prompt_ids), sampling, list(notes), watch=stopping)
+            self._queue.put(request)
+            self._ensure_worker()
+            return request.future
+
+        key = call_key(prompt_ids, sampling, notes, stopping) if self.share_greedy_calls else None
+        return self.shared_calls.join(key, stopping, start)
 
     def close(self) -> None:
         """Stop the worker now; requests being decoded fail. The next call starts a new one."""
