@@ -13,7 +13,9 @@ Views:
 - `examples`: with two worked verdicts first (a python result that answers: STOP; passages that
   name nothing asked: CONTINUE), as the generator's worked answers;
 - `stop last`: the prompt's two conclusion lines in the other order (a small model copies the
-  last line it read).
+  last line it read);
+- `prefilled`: the reply starts with `Conclusion:` written for it, so its first word is the
+  verdict (the shipped replies hold no `Conclusion:` line: the engine answers the question).
 
 Run: `python bench/verifier_views.py [--views a,b]` (about 2 minutes a view on 2 cores).
 """
@@ -88,6 +90,8 @@ EXAMPLES: tuple[tuple[str, list[StepRecord], str], ...] = (
 )
 VIEWS = {"shipped": (VERIFIER_PROMPT, ()), "examples": (VERIFIER_PROMPT, EXAMPLES)}
 VIEWS["stop last"] = (STOP_LAST, ())
+VIEWS["prefilled"] = (VERIFIER_PROMPT, ())
+PREFILL = "Conclusion:"
 
 
 async def main(views: list[str]) -> None:
@@ -108,21 +112,21 @@ async def main(views: list[str]) -> None:
         ]
     )
 
-    async def verdict(row: dict[str, Any], question: str, analysis: Any, view: Any) -> str:
-        template, examples = view
+    async def verdict(row: dict[str, Any], question: str, analysis: Any, name: str) -> str:
+        template, examples = VIEWS[name]
         memory = replayed_memory(row, 3, "example")[:1]
         state = {"question": question, "analysis": analysis.text, "memory": memory}
-        reply = await asyncio.to_thread(judge, memory_prompt(template, state, examples))
+        messages = memory_prompt(template, state, examples)
+        if name == "prefilled":
+            messages.append({"role": "assistant", "content": PREFILL})
+        reply = await asyncio.to_thread(judge, messages)
         return parse_verdict(reply.text)[0]
 
     held = [row["tool_right"] for row in rows]
     for name in views:
         start = time.perf_counter()
         verdicts = await asyncio.gather(
-            *[
-                verdict(row, q, a, VIEWS[name])
-                for row, q, a in zip(rows, questions, analyses, strict=True)
-            ]
+            *[verdict(row, q, a, name) for row, q, a in zip(rows, questions, analyses, strict=True)]
         )
         stops = sum(v == "STOP" for v, h in zip(verdicts, held, strict=True) if h)
         continues = sum(v == "CONTINUE" for v, h in zip(verdicts, held, strict=True) if not h)
