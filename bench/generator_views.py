@@ -16,7 +16,8 @@ it. The embedded SmolLM2 generator then answers from memory shown as:
   ends its passage ("The Glass Road is a novel written by Ana Petrov.");
 - `three examples`: as `shipped`, with the author's example added;
 - `question order`: as `shipped`, the capital example's reply restating the passage in the
-  question's order ("the capital of Kenya is Nairobi").
+  question's order ("the capital of Kenya is Nairobi");
+- `k=1`, `k=2`: as `shipped`, with 1 or 2 passages.
 
 `--plan example` replays instead the calls of `bench/engine_ceiling.py --plan example` (the
 tools' plan examples as sub-goals, shown in memory as such), and `--views a,b` runs only those.
@@ -99,6 +100,8 @@ VIEWS = {  # arguments shown, passages, examples, the question as the generator 
     "author example": (False, 3, (GENERATOR_EXAMPLES[0], AUTHOR), bare_question),
     "three examples": (False, 3, (*GENERATOR_EXAMPLES, AUTHOR), bare_question),
     "question order": (False, 3, QUESTION_ORDER, bare_question),
+    "k=1": (False, 1, GENERATOR_EXAMPLES, bare_question),
+    "k=2": (False, 2, GENERATOR_EXAMPLES, bare_question),
 }
 
 
