@@ -37,7 +37,7 @@ from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.scripted import ScriptedPolicy, planner_turn
-from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
+from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS, PLANNER_EXAMPLE
 from flowlearn.nodes.tools import default_tools
 
 RESULTS = Path(__file__).parent / "results" / "engine_ceiling.json"
@@ -48,10 +48,7 @@ def plan(case: dict[str, Any], tools: list[Any], kind: str) -> str:
     if kind == "question":
         return planner_turn(case["tool"], case["question"].rstrip("?."), case["question"])
     example = next(t for t in tools if t.name == case["tool"]).metadata["plan_example"]
-    return (
-        f"Tool Name: {case['tool']}\nJustification: {example['justification']}\n"
-        f"Context: {example['context']}\nSub-Goal: {example['sub_goal']}"
-    )
+    return PLANNER_EXAMPLE.format(tool=case["tool"], **example)  # as the prompt shows it
 
 
 async def run_case(

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flowlearn.evals.scorers import exact_match
+from flowlearn.evals.scorers import CaseScorer
 from flowlearn.evals.tasks import load_cases_and_scorer
 from flowlearn.evals.tool_task import CORPUS_FILE, TRAIN_FILE
 from flowlearn.graphs import Context, build_agentflow
@@ -32,7 +32,9 @@ from flowlearn.training.collect import collect
 RESULTS = Path(__file__).parent / "results" / "shared_calls.json"
 
 
-def run_arm(single: HFPolicy, share: bool, cases: list[Any], group: int) -> dict[str, Any]:
+def run_arm(
+    single: HFPolicy, share: bool, cases: list[Any], scorer: CaseScorer, group: int
+) -> dict[str, Any]:
     """Collect one round of rollouts; return its seconds, shared calls and engine replies."""
     policy = BatchingPolicy(single, max_batch_size=16, share_greedy_calls=share)
     engine = HFChatModel(policy=policy)
@@ -42,7 +44,7 @@ def run_arm(single: HFPolicy, share: bool, cases: list[Any], group: int) -> dict
     rollouts = collect(
         graph,
         cases,
-        lambda answer, case: exact_match(answer, case.reference),
+        scorer,
         group_size=group,
         concurrency=len(cases) * group,
         context=context,
@@ -62,13 +64,13 @@ def run_arm(single: HFPolicy, share: bool, cases: list[Any], group: int) -> dict
 
 def main(questions: int, group: int, repeats: int) -> None:
     """Run the arms side by side and print their ratio."""
-    cases, _ = load_cases_and_scorer(data=TRAIN_FILE, scorer="exact_match")
+    cases, scorer = load_cases_and_scorer(data=TRAIN_FILE, scorer="exact_match")
     cases = cases[:questions]
     single = HFPolicy.from_pretrained(None)
     rows = []
     for repeat in range(repeats):
         order = (True, False) if repeat % 2 == 0 else (False, True)
-        arms = {share: run_arm(single, share, cases, group) for share in order}
+        arms = {share: run_arm(single, share, cases, scorer, group) for share in order}
         on, off = arms[True], arms[False]
         same = sum(a == b for a, b in zip(on["replies"], off["replies"], strict=True))
         ratio = off["seconds"] / on["seconds"]

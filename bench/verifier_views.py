@@ -88,10 +88,12 @@ EXAMPLES: tuple[tuple[str, list[StepRecord], str], ...] = (
         "The passages name the capitals of Peru and Chile, not Kenya's.\nConclusion: CONTINUE",
     ),
 )
-VIEWS = {"shipped": (VERIFIER_PROMPT, ()), "examples": (VERIFIER_PROMPT, EXAMPLES)}
-VIEWS["stop last"] = (STOP_LAST, ())
-VIEWS["prefilled"] = (VERIFIER_PROMPT, ())
-PREFILL = "Conclusion:"
+VIEWS = {  # the prompt, worked verdicts, what the reply opens with
+    "shipped": (VERIFIER_PROMPT, (), ""),
+    "examples": (VERIFIER_PROMPT, EXAMPLES, ""),
+    "stop last": (STOP_LAST, (), ""),
+    "prefilled": (VERIFIER_PROMPT, (), "Conclusion:"),
+}
 
 
 async def main(views: list[str]) -> None:
@@ -113,12 +115,12 @@ async def main(views: list[str]) -> None:
     )
 
     async def verdict(row: dict[str, Any], question: str, analysis: Any, name: str) -> str:
-        template, examples = VIEWS[name]
+        template, examples, prefill = VIEWS[name]
         memory = replayed_memory(row, 3, "example")[:1]
         state = {"question": question, "analysis": analysis.text, "memory": memory}
         messages = memory_prompt(template, state, examples)
-        if name == "prefilled":
-            messages.append({"role": "assistant", "content": PREFILL})
+        if prefill:
+            messages.append({"role": "assistant", "content": prefill})
         reply = await asyncio.to_thread(judge, messages)
         return parse_verdict(reply.text)[0]
 
