@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,12 @@ QUESTION_ORDER = (
         "The first passage says the capital of Kenya is Nairobi. <answer>Nairobi</answer>",
     ),
 )
+_KENYA_UNTITLED = "[1] (id: kenya) Nairobi is the capital of Kenya.\n\n[2] (id: peru) Lima is the capital of Peru."
+UNTITLED_EXAMPLES = (
+    GENERATOR_EXAMPLES[0],
+    (_kenya_question, [{**_kenya_memory[0], "result": _KENYA_UNTITLED}, _kenya_memory[1]],
+     GENERATOR_EXAMPLES[1][2]),
+)
 VIEWS = {  # arguments shown, passages, examples, the question as the generator reads it
     "arguments": (True, 5, GENERATOR_EXAMPLES, str),
     "no-arguments": (False, 5, GENERATOR_EXAMPLES, str),
@@ -102,6 +109,8 @@ VIEWS = {  # arguments shown, passages, examples, the question as the generator 
     "question order": (False, 3, QUESTION_ORDER, bare_question),
     "k=1": (False, 1, GENERATOR_EXAMPLES, bare_question),
     "k=2": (False, 2, GENERATOR_EXAMPLES, bare_question),
+    "untitled": (False, -3, UNTITLED_EXAMPLES, bare_question),
+    "untitled k=1": (False, -1, UNTITLED_EXAMPLES, bare_question),
 }
 
 
@@ -110,10 +119,12 @@ def replayed_memory(row: dict[str, Any], k: int, plan: str) -> list[dict[str, An
     arguments = row["arguments"] or {}
     lookup = "query" in arguments
     result = (
-        local_search_tool(CORPUS_FILE, k=k).invoke({"query": str(arguments["query"])})
+        local_search_tool(CORPUS_FILE, k=abs(k)).invoke({"query": str(arguments["query"])})
         if lookup
         else row["tool_result"]
     )
+    if lookup and k < 0:  # untitled: each passage's title line dropped
+        result = re.sub(r"^(\[\d+\] \(id: [^)]*\)) [^\n]*\n", r"\1 ", result, flags=re.M)
     action = {
         "turn": 1,
         "kind": "action",

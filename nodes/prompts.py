@@ -103,6 +103,16 @@ consistent and trustworthy, is anything missing? Then end with exactly one line:
 Conclusion: STOP    (if the memory is enough to answer)
 Conclusion: CONTINUE    (if more steps are needed)"""
 
+VERIFIER_CONCLUSION = "Conclusion:"
+"""What a verifier reply without a clear verdict is continued with: a second, short engine call
+(`VERIFIER_CONCLUSION_MAX_TOKENS`, ending at the line's end) that sees its own analysis and this
+label, so the verdict is the engine's own. The untrained embedded SmolLM2 answers the question
+instead of concluding ("The answer is 530518."): over the 48 held-out tool-task memories of
+`bench/engine_ceiling.py --plan example`, its verdict parsed as STOP for 1 of the 38 that held
+the answer; continued with this label, for all 48 (`python bench/verifier_views.py`,
+`bench/results/verifier_views.txt`). Without it every run went to `--max-turns`. An engine that
+writes its `Conclusion:` line never gets the second call."""
+
 ANSWER_INSTRUCTION = (
     "When ready, output the final answer enclosed in <answer> and </answer> tags. "
     "Do not generate any content after the </answer> tag."
@@ -192,6 +202,8 @@ EXECUTOR_MAX_TOKENS = 128
 """The executor's tool call: one JSON object of arguments."""
 VERIFIER_MAX_TOKENS = 192
 """The verifier: a short analysis and its `Conclusion:` line."""
+VERIFIER_CONCLUSION_MAX_TOKENS = 8
+"""The verifier's follow-up: the word after `Conclusion:` (the call also ends at a newline)."""
 GENERATOR_MAX_TOKENS = 256
 """The generator: a brief explanation and the tagged answer."""
 ENGINE_MAX_TOKENS = 384

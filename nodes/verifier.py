@@ -1,4 +1,11 @@
-"""The verifier: judges whether memory answers the question, and stores its verdict."""
+"""The verifier: judges whether memory answers the question, and stores its verdict.
+
+A reply with no clear `Conclusion:` line is continued once: a second, short engine call sees
+the reply so far and the label `Conclusion:` (`prompts.VERIFIER_CONCLUSION`), and its first
+word is the verdict. Both calls are recorded as verifier transitions of the turn; an engine
+that concludes on its own is called once. Anything still unclear means CONTINUE, as in
+AgentFlow.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,18 @@ from typing import TYPE_CHECKING, Any
 from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.parsing import parse_verdict
-from flowlearn.nodes.policies.engine_calls import role_call
-from flowlearn.nodes.prompts import VERIFIER_MAX_TOKENS, VERIFIER_PROMPT
+from flowlearn.nodes.policies.engine_calls import EngineReply, RoleCall, role_call
+from flowlearn.nodes.prompts import (
+    VERIFIER_CONCLUSION,
+    VERIFIER_CONCLUSION_MAX_TOKENS,
+    VERIFIER_MAX_TOKENS,
+    VERIFIER_PROMPT,
+)
 from flowlearn.nodes.render import emit, memory_prompt, transition
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.records import ParseStatus, Transition
+from flowlearn.nodes.schema.sampling import Messages
 from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:
@@ -20,36 +34,55 @@ if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
 
+def _record(
+    turn: int, messages: Messages, reply: EngineReply, text: str, clear: bool
+) -> Transition:
+    status: ParseStatus = "error" if reply.error else "ok" if clear else "unclear"
+    return transition("verifier", turn, messages, text, status, reply.seconds, **reply.record())
+
+
+def _concluded(
+    conclude: RoleCall, messages: Messages, analysis: str
+) -> tuple[Messages, EngineReply, str]:
+    """Continue `analysis` after its `Conclusion:` label; return the chat, reply and whole text.
+
+    A local chat model continues the final assistant message and returns it with the label
+    (`HFChatModel`); another chat model replies anew, and its reply is read after the label.
+    """
+    opened = f"{analysis.rstrip()}\n{VERIFIER_CONCLUSION}"
+    chat = [*messages, {"role": "assistant", "content": opened}]
+    reply = conclude(chat)
+    tail = reply.text[len(opened) :] if reply.text.startswith(opened) else reply.text
+    return chat, reply, f"{opened} {tail.strip()}"
+
+
 def make_verifier(
     engine: BaseChatModel, *, retry: RetryPolicy | None = ENGINE_RETRY
 ) -> Callable[..., dict[str, Any]]:
     """Build the verifier node over the fixed engine, its calls retried per `retry`."""
     ask = role_call(engine, retry, max_tokens=VERIFIER_MAX_TOKENS)
+    conclude = role_call(engine, retry, max_tokens=VERIFIER_CONCLUSION_MAX_TOKENS, stop=["\n"])
 
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         turn = state.get("turn", 0)
         messages = memory_prompt(VERIFIER_PROMPT, state)
         reply = ask(messages)
-        text, seconds, error = reply.text, reply.seconds, reply.error
+        text, error = reply.text, reply.error
         verdict, clear = parse_verdict(text)
+        records = [_record(turn, messages, reply, error or text, clear)]
         if error is not None:  # no judgement to be had: go on to the answer
             text, verdict, clear = error, "STOP", False
+        elif not clear:
+            chat, second, whole = _concluded(conclude, messages, text)
+            if second.error is None and parse_verdict(whole)[1]:
+                (verdict, clear), text = parse_verdict(whole), whole
+            records.append(_record(turn, chat, second, second.error or whole, clear))
         update: dict[str, Any] = {
             "verdict": verdict,
             "memory": [
                 {"turn": turn, "kind": "verification", "analysis": text, "verdict": verdict}
             ],
-            "transitions": [
-                transition(
-                    "verifier",
-                    turn,
-                    messages,
-                    text,
-                    "error" if error else "ok" if clear else "unclear",
-                    seconds,
-                    **reply.record(),
-                )
-            ],
+            "transitions": records,
         }
         emit(runtime, {"event": "verdict", "turn": turn, "verdict": verdict, "clear": clear})
         if verdict == "STOP":

@@ -137,7 +137,17 @@ def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 3) -> BaseTool
                 "context": "The question names what to look up.",
                 "sub_goal": "Find the passage that answers the question.",
             },
-            # No "call_example": measured on the embedded SmolLM2, a worked query made it copy
-            # the example's entity into its own (13 of 24 held-out lookups found, 19 without).
+            # The worked call's query is its question, word for word: the embedded SmolLM2
+            # executor then writes the question (or its entity) as its own query. Its 24
+            # held-out lookup calls under the plan example's sub-goal found the passage, first
+            # of 3, 24 times with it, 17 without, 15 with usage notes saying so instead; a
+            # keyword query as the example ("capital of Kenya") was copied, Kenya and all
+            # (13 found). `python bench/executor_lookups.py`.
+            "call_example": {
+                "question": "What is the capital of Kenya?",
+                "context": "What is the capital of Kenya?",
+                "sub_goal": "Find the passage that answers the question.",
+                "arguments": {"query": "What is the capital of Kenya?"},
+            },
         },
     )

@@ -94,13 +94,16 @@ def test_the_verifier_still_reads_the_tool_arguments() -> None:
     assert 'Arguments: {"code": "5 * 7"}' in seen[0][-1].text
 
 
-def test_the_python_tool_shows_the_executor_a_worked_call_and_local_search_none() -> None:
+def test_the_python_and_search_tools_show_the_executor_a_worked_call() -> None:
     tools = {t.name: t for t in default_tools(None)}
     turns = call_example_turns(tools["python"])
     assert [t["role"] for t in turns] == ["user", "assistant"]
     assert json.loads(turns[1]["content"]) == {"name": "python", "arguments": {"code": "12 * 34"}}
     assert "Sub-Goal: Compute 12 * 34." in turns[0]["content"]
-    assert call_example_turns(tools["local_search"]) == []
+    search = call_example_turns(tools["local_search"])
+    query = json.loads(search[1]["content"])["arguments"]["query"]
+    assert query == "What is the capital of Kenya?"  # the question, word for word
+    assert "Question: What is the capital of Kenya?" in search[0]["content"]
     seen: list[list[BaseMessage]] = []
     plan = {
         "turn": 1,

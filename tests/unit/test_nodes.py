@@ -142,6 +142,34 @@ def test_verifier_stores_verdict_in_memory(text: str, verdict: str, status: str)
     assert ("termination" in update) == (verdict == "STOP")
 
 
+@pytest.mark.parametrize("echoes_prefill", [True, False])
+def test_verifier_without_conclusion_is_asked_to_conclude(echoes_prefill: bool) -> None:
+    def respond(messages: list[Any], tools: list[Any]) -> str:
+        if isinstance(messages[-1], AIMessage):  # the follow-up: continue after the label
+            return f"{messages[-1].content} STOP" if echoes_prefill else "STOP"
+        return "The answer is 42."
+
+    engine = FakeChatModel(respond=respond)
+    update = make_verifier(engine)({"question": "q", "turn": 2}, runtime())
+    assert update["verdict"] == "STOP" and update["termination"] == "verifier_stop"
+    assert update["memory"][0]["analysis"] == "The answer is 42.\nConclusion: STOP"
+    first, second = update["transitions"]
+    assert (first["parse_status"], second["parse_status"]) == ("unclear", "ok")
+    assert first["turn"] == second["turn"] == 2
+    assert second["messages"][-1] == {
+        "role": "assistant",
+        "content": "The answer is 42.\nConclusion:",
+    }
+    assert len(engine.calls) == 2
+
+
+def test_verifier_that_concludes_is_called_once() -> None:
+    engine = FakeChatModel(text="Found.\nConclusion: CONTINUE")
+    update = make_verifier(engine)({"question": "q", "turn": 1}, runtime())
+    assert update["verdict"] == "CONTINUE" and len(update["transitions"]) == 1
+    assert len(engine.calls) == 1
+
+
 def test_generator_extracts_answer() -> None:
     text = "17*23 is 391. <answer>391</answer>"
     update = make_generator(FakeChatModel(text=text))(
