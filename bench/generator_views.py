@@ -17,7 +17,10 @@ it. The embedded SmolLM2 generator then answers from memory shown as:
 - `three examples`: as `shipped`, with the author's example added;
 - `question order`: as `shipped`, the capital example's reply restating the passage in the
   question's order ("the capital of Kenya is Nairobi");
-- `k=1`, `k=2`: as `shipped`, with 1 or 2 passages.
+- `k=1`, `k=2`: as `shipped`, with 1 or 2 passages;
+- `untitled`, `untitled k=1`: as `shipped` and `k=1`, each passage's title line dropped (in the
+  capital example too). Session 14, `--plan example`: shipped 11/23, untitled 11/23, untitled
+  k=1 14/23 (the failures: 5 searches that missed, 3 authors answered with the novel's title).
 
 `--plan example` replays instead the calls of `bench/engine_ceiling.py --plan example` (the
 tools' plan examples as sub-goals, shown in memory as such), and `--views a,b` runs only those.
@@ -92,11 +95,17 @@ QUESTION_ORDER = (
         "The first passage says the capital of Kenya is Nairobi. <answer>Nairobi</answer>",
     ),
 )
-_KENYA_UNTITLED = "[1] (id: kenya) Nairobi is the capital of Kenya.\n\n[2] (id: peru) Lima is the capital of Peru."
+_KENYA_UNTITLED = (
+    "[1] (id: kenya) Nairobi is the capital of Kenya.\n\n"
+    "[2] (id: peru) Lima is the capital of Peru."
+)
 UNTITLED_EXAMPLES = (
     GENERATOR_EXAMPLES[0],
-    (_kenya_question, [{**_kenya_memory[0], "result": _KENYA_UNTITLED}, _kenya_memory[1]],
-     GENERATOR_EXAMPLES[1][2]),
+    (
+        _kenya_question,
+        [{**_kenya_memory[0], "result": _KENYA_UNTITLED}, _kenya_memory[1]],
+        GENERATOR_EXAMPLES[1][2],
+    ),
 )
 VIEWS = {  # arguments shown, passages, examples, the question as the generator reads it
     "arguments": (True, 5, GENERATOR_EXAMPLES, str),
