@@ -33,7 +33,7 @@ from typing import Any
 
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.scorers import exact_match, normalize_answer
-from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE
+from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.scripted import ScriptedPolicy, planner_turn
@@ -69,7 +69,7 @@ async def run_case(
         "reference": case["answer"],
         "arguments": actions[0].get("arguments") if actions else None,
         "tool_result": result[:200],
-        "tool_right": normalize_answer(case["answer"]) in normalize_answer(result),
+        "tool_right": normalize_answer(first_answer(case)) in normalize_answer(result),
         "answer": answer[:200],
         "answer_right": exact_match(answer, case["answer"]).value == 1.0,
         "verdict": verdicts[-1] if verdicts else None,

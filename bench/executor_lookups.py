@@ -25,7 +25,7 @@ from typing import Any
 
 from langchain_core.tools import BaseTool
 
-from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE
+from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.graphs import Context
 from flowlearn.nodes import make_executor
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
@@ -65,8 +65,8 @@ def main(setups: list[str]) -> None:
         found = first = 0
         for case, record in zip(lookups, records, strict=True):
             result = str(record.get("result"))
-            found += case["answer"] in result
-            first += case["answer"] in result.split("\n\n")[0]
+            found += first_answer(case) in result
+            first += first_answer(case) in result.split("\n\n")[0]
             print(f"{setup:10} {case['question']} -> {record.get('arguments')}")
         print(f"== {setup}: found {found}/{len(lookups)}, first {first}/{len(lookups)}", flush=True)
 

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from flowlearn.evals.cases import with_answer_instruction
-from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE
+from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.nodes.catalogue import describe_tool
 from flowlearn.nodes.executor import call_example_turns, propose_arguments
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
@@ -62,7 +62,7 @@ async def main() -> None:
             result = str(tool.invoke(arguments))
         except Exception as exc:  # a failed call is a wrong call here
             result = str(exc)
-        return case["answer"].lower() in result.lower()
+        return first_answer(case).lower() in result.lower()
 
     for bare in (False, True):
         for name, sub_goal in SUB_GOALS.items():

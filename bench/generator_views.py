@@ -9,17 +9,20 @@ it. The embedded SmolLM2 generator then answers from memory shown as:
   question with its answer instruction;
 - `no-arguments`: as `arguments`, the arguments left out;
 - `no-arguments k=3`: as `no-arguments`, 3 passages;
-- `shipped`: as `no-arguments k=3`, the question without its instruction (`bare_question`);
-- `restating reply`: as `shipped`, with the worked python answer restating the
+- `two examples`: as `no-arguments k=3`, the question without its instruction
+  (`bare_question`): what shipped until session 14;
+- `shipped`: as `two examples`, with the worked answers as they ship now (python's, an
+  author's, Kenya's; `generator.ordered_examples` orders every view's examples);
+- `restating reply`: as `two examples`, with the worked python answer restating the
   expression ("computed 12 * 34 and printed 408") as it once did;
-- `author example`: as `shipped`, the capital example replaced by an author's, whose answer
+- `author example`: as `two examples`, the capital example replaced by an author's, whose answer
   ends its passage ("The Glass Road is a novel written by Ana Petrov.");
-- `three examples`: as `shipped`, with the author's example added;
-- `question order`: as `shipped`, the capital example's reply restating the passage in the
+- `three examples`: as `two examples`, with the author's example added;
+- `question order`: as `two examples`, the capital example's reply restating the passage in the
   question's order ("the capital of Kenya is Nairobi");
-- `k=1`, `k=2`: as `shipped`, with 1 or 2 passages;
-- `untitled`, `untitled k=1`: as `shipped` and `k=1`, each passage's title line dropped (in the
-  capital example too). Session 14, `--plan example`: shipped 11/23, untitled 11/23, untitled
+- `k=1`, `k=2`: as `two examples`, with 1 or 2 passages;
+- `untitled`, `untitled k=1`: as `two examples` and `k=1`, each passage's title line dropped (in the
+  capital example too). Session 14, `--plan example`: two examples 11/23, untitled 11/23, untitled
   k=1 14/23 (the failures: 5 searches that missed, 3 authors answered with the novel's title).
 
 `--plan example` replays instead the calls of `bench/engine_ceiling.py --plan example` (the
@@ -41,7 +44,7 @@ from typing import Any
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.scorers import exact_match
 from flowlearn.evals.tool_task import CORPUS_FILE
-from flowlearn.nodes.generator import closed_reply
+from flowlearn.nodes.generator import closed_reply, ordered_examples
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.engine_calls import role_call
@@ -60,10 +63,13 @@ SUB_GOALS = {
     tool.name: tool.metadata["plan_example"]["sub_goal"]
     for tool in (python_tool(), local_search_tool(CORPUS_FILE))
 }
-_question, _memory, _ = GENERATOR_EXAMPLES[0]
+PYTHON_EXAMPLE, _, KENYA_EXAMPLE = GENERATOR_EXAMPLES
+TWO = (PYTHON_EXAMPLE, KENYA_EXAMPLE)
+"""The worked answers shipped until session 14 (the views below were measured with them)."""
+_question, _memory, _ = PYTHON_EXAMPLE
 RESTATING = (
     (_question, _memory, "The python tool computed 12 * 34 and printed 408. <answer>408</answer>"),
-    GENERATOR_EXAMPLES[1],
+    KENYA_EXAMPLE,
 )
 _AUTHOR_RESULT = (
     "[1] (id: glass-road) The Glass Road\nThe Glass Road is a novel written by Ana Petrov.\n\n"
@@ -86,9 +92,9 @@ AUTHOR = (
     "The first passage says The Glass Road is a novel written by Ana Petrov. "
     "<answer>Ana Petrov</answer>",
 )
-_kenya_question, _kenya_memory, _ = GENERATOR_EXAMPLES[1]
+_kenya_question, _kenya_memory, _ = KENYA_EXAMPLE
 QUESTION_ORDER = (
-    GENERATOR_EXAMPLES[0],
+    PYTHON_EXAMPLE,
     (
         _kenya_question,
         _kenya_memory,
@@ -100,24 +106,25 @@ _KENYA_UNTITLED = (
     "[2] (id: peru) Lima is the capital of Peru."
 )
 UNTITLED_EXAMPLES = (
-    GENERATOR_EXAMPLES[0],
+    PYTHON_EXAMPLE,
     (
         _kenya_question,
         [{**_kenya_memory[0], "result": _KENYA_UNTITLED}, _kenya_memory[1]],
-        GENERATOR_EXAMPLES[1][2],
+        KENYA_EXAMPLE[2],
     ),
 )
 VIEWS = {  # arguments shown, passages, examples, the question as the generator reads it
-    "arguments": (True, 5, GENERATOR_EXAMPLES, str),
-    "no-arguments": (False, 5, GENERATOR_EXAMPLES, str),
-    "no-arguments k=3": (False, 3, GENERATOR_EXAMPLES, str),
+    "arguments": (True, 5, TWO, str),
+    "no-arguments": (False, 5, TWO, str),
+    "no-arguments k=3": (False, 3, TWO, str),
+    "two examples": (False, 3, TWO, bare_question),
     "shipped": (False, 3, GENERATOR_EXAMPLES, bare_question),
     "restating reply": (False, 3, RESTATING, bare_question),
-    "author example": (False, 3, (GENERATOR_EXAMPLES[0], AUTHOR), bare_question),
-    "three examples": (False, 3, (*GENERATOR_EXAMPLES, AUTHOR), bare_question),
+    "author example": (False, 3, (PYTHON_EXAMPLE, AUTHOR), bare_question),
+    "three examples": (False, 3, (*TWO, AUTHOR), bare_question),
     "question order": (False, 3, QUESTION_ORDER, bare_question),
-    "k=1": (False, 1, GENERATOR_EXAMPLES, bare_question),
-    "k=2": (False, 2, GENERATOR_EXAMPLES, bare_question),
+    "k=1": (False, 1, TWO, bare_question),
+    "k=2": (False, 2, TWO, bare_question),
     "untitled": (False, -3, UNTITLED_EXAMPLES, bare_question),
     "untitled k=1": (False, -1, UNTITLED_EXAMPLES, bare_question),
 }
@@ -161,7 +168,8 @@ async def main(plan: str, views: list[str]) -> None:
         arguments, k, examples, read = view
         question = read(with_answer_instruction(row["question"]))
         state = {"question": question, "memory": replayed_memory(row, k, plan)}
-        messages = memory_prompt(GENERATOR_PROMPT, state, examples, arguments=arguments)
+        shown = ordered_examples(state["memory"], examples)  # as the generator orders them
+        messages = memory_prompt(GENERATOR_PROMPT, state, shown, arguments=arguments)
         reply = await asyncio.to_thread(ask, messages)
         return exact_match(read_answer(closed_reply(reply)).answer, row["reference"]).value == 1
 

@@ -10,7 +10,8 @@ Two kinds, half each, every question needing a tool:
 
 Phrasings vary per kind, so a planner must learn which kind a question is, not one template. The
 shipped files are this module's output (`python -m flowlearn.evals.tool_task` rewrites them; a
-test checks they match): `train.jsonl` and `heldout.jsonl` (cases: `id`, `question`, `answer`,
+test checks they match): `train.jsonl` and `heldout.jsonl` (cases: `id`, `question`, `answer`
+(a string, or a list of acceptable answers, see `ALSO_RIGHT`),
 `kind`, `tool`) and `corpus.jsonl` (one passage per fact, train and held-out alike), under
 `evals/data/tooluse/`. Held-out questions use numbers and entities training never saw.
 """
@@ -55,6 +56,13 @@ FACTS = [
      ["How high is Mount {entity}, in metres?", "What is the height of Mount {entity} in metres?"],
      "height"),
 ]  # fmt: skip
+ALSO_RIGHT = {"river": "{answer} Sea"}
+"""A second acceptable answer per relation, where the passage's own words give one: asked "Into
+which sea does the Kila River flow?", "the Gaboupol Sea" is as right as "Gaboupol". The embedded
+SmolLM2 generator, shown the river's passage, wrote "<name> Sea" for 9 of the 12 river lookups
+of train and held-out in one measurement (session 14), all scored wrong before. A lookup's
+`answer` is then a list, its first item the bare name (`first_answer`)."""
+
 ENTITY_FORMS = {
     "capital": "{name}ia",
     "founded": "{name} Institute",
@@ -72,6 +80,12 @@ _CODAS = ["", "n", "r", "l", "s", "th", "x"]
 def _word(rng: random.Random, syllables: int) -> str:
     parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables)]
     return ("".join(parts) + rng.choice(_CODAS)).capitalize()
+
+
+def first_answer(case: dict[str, Any]) -> str:
+    """Return the case's answer, or the first of its acceptable answers."""
+    answer = case["answer"]
+    return str(answer[0] if isinstance(answer, list) else answer)
 
 
 def _answer(kind: str, rng: random.Random) -> str:
@@ -131,7 +145,9 @@ def lookup_cases(
             {
                 "id": f"{prefix}-fact-{i}",
                 "question": question.format(entity=entity),
-                "answer": answer,
+                "answer": [answer, ALSO_RIGHT[relation].format(answer=answer)]
+                if relation in ALSO_RIGHT
+                else answer,
                 "kind": "lookup",
                 "tool": "local_search",
             }

@@ -10,7 +10,7 @@ and the transition's notes say which.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langgraph.types import RetryPolicy
@@ -26,7 +26,7 @@ from flowlearn.nodes.prompts import (
 from flowlearn.nodes.render import bare_question, emit, memory_prompt, transition
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
-from flowlearn.nodes.schema.records import ParseStatus
+from flowlearn.nodes.schema.records import ParseStatus, StepRecord
 from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:
@@ -54,6 +54,25 @@ def closed_reply(reply: EngineReply) -> str:
     return text
 
 
+Example = tuple[str, Sequence[StepRecord], str]
+
+
+def ordered_examples(memory: Sequence[StepRecord], examples: Sequence[Example]) -> list[Example]:
+    """Return `examples` with those of the memory's last tool moved last, in their own order.
+
+    A small engine copies the last worked answer it is shown (`prompts.GENERATOR_EXAMPLES`), so
+    the one closest to the memory comes last; a memory with no tool call keeps the order.
+    """
+    tools = [r.get("tool") for r in memory if r.get("kind") == "action" and r.get("tool")]
+    if not tools:
+        return list(examples)
+
+    def matches(example: Example) -> bool:
+        return any(r.get("tool") == tools[-1] for r in example[1])
+
+    return sorted(examples, key=matches)
+
+
 def make_generator(
     engine: BaseChatModel, *, retry: RetryPolicy | None = ENGINE_RETRY
 ) -> Callable[..., dict[str, Any]]:
@@ -62,7 +81,8 @@ def make_generator(
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         asked = {**state, "question": bare_question(state["question"])}
-        messages = memory_prompt(GENERATOR_PROMPT, asked, GENERATOR_EXAMPLES, arguments=False)
+        examples = ordered_examples(state.get("memory", []), GENERATOR_EXAMPLES)
+        messages = memory_prompt(GENERATOR_PROMPT, asked, examples, arguments=False)
         reply = ask(messages)
         text = reply.error if reply.error is not None else closed_reply(reply)
         read = read_answer(text if reply.error is None else "")

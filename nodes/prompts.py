@@ -165,6 +165,25 @@ GENERATOR_EXAMPLES: tuple[tuple[str, list[StepRecord], str], ...] = (
         "The python tool printed 408. <answer>408</answer>",
     ),
     (
+        "Who wrote the novel The Glass Road?",
+        [
+            {
+                "turn": 1,
+                "kind": "action",
+                "tool": "local_search",
+                "sub_goal": "Find the author of The Glass Road.",
+                "arguments": {"query": "The Glass Road novel author"},
+                "result": "[1] (id: glass-road) The Glass Road\n"
+                "The Glass Road is a novel written by Ana Petrov.\n\n"
+                "[2] (id: red-hill) The Red Hill\nThe Red Hill is a novel written by Tom Berg.",
+                "error": None,
+            },
+            {"turn": 1, "kind": "verification", "verdict": "STOP"},
+        ],
+        "The first passage says The Glass Road is a novel written by Ana Petrov. "
+        "<answer>Ana Petrov</answer>",
+    ),
+    (
         "What is the capital of Kenya?",
         [
             {
@@ -183,10 +202,17 @@ GENERATOR_EXAMPLES: tuple[tuple[str, list[StepRecord], str], ...] = (
     ),
 )
 """Worked answers shown to the generator as earlier chat turns (question, memory, reply): a
-number from a tool's output and a name from a passage, each answered with only the answer in
-its tags. Measured on the embedded SmolLM2 with the right tool result in memory: 35 of 48
-held-out tool-task answers exactly right with them, 12 without (it answered in sentences). A
-third example (a year from a passage) made it copy that year into 11 answers: two it is. The
+number from a tool's output, a name that ends its passage and one that starts it, each answered
+with only the answer in its tags. The generator shows the examples of the tool its memory used
+last after the others (`generator.ordered_examples`): the embedded SmolLM2 copies the last
+example's way of answering. Measured in session 14 on the 72 train and held-out lookups (the
+passages their question finds) and 72 arithmetic questions (the right number printed): the
+python example and Kenya's alone, 40 lookups and 71 arithmetic right (the author's name at the
+end of its passage: 1 of 12); with the author's example before Kenya's, 57 and 72 in the order
+chosen per tool, but 9 lookups when python's came last and 48 arithmetic when Kenya's did.
+Earlier (the python and Kenya examples, in that order), with the right tool result in memory:
+35 of 48 held-out tool-task answers exactly right with them, 12 without (it answered in
+sentences); a year from a passage as a third example was copied into 11 answers. The
 first reply only names the printed number: when it restated the expression ("computed 12 * 34
 and printed 408"), the engine recomputed sums in its head: 18 of 24 arithmetic answers right
 against 20 with the shorter reply."""

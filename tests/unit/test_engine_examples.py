@@ -13,6 +13,7 @@ from flowlearn.evals.cases import ANSWER_INSTRUCTION, with_answer_instruction
 from flowlearn.graphs import Context
 from flowlearn.nodes import make_executor, make_generator, make_verifier
 from flowlearn.nodes.executor import call_example_turns
+from flowlearn.nodes.generator import ordered_examples
 from flowlearn.nodes.prompts import GENERATOR_EXAMPLES
 from flowlearn.nodes.render import bare_question
 from flowlearn.nodes.tools import default_tools
@@ -51,14 +52,32 @@ def recording(text: str, seen: list[list[BaseMessage]]) -> FakeChatModel:
     return FakeChatModel(respond=respond)
 
 
+def test_the_examples_of_the_memorys_last_tool_come_last_in_their_own_order() -> None:
+    python, author, kenya = GENERATOR_EXAMPLES
+    assert [e[0] for e in (author, kenya)] == [
+        "Who wrote the novel The Glass Road?",
+        "What is the capital of Kenya?",
+    ]
+    search = {**STATE["memory"][0], "tool": "local_search"}
+    assert ordered_examples([search], GENERATOR_EXAMPLES) == [python, author, kenya]
+    assert ordered_examples(STATE["memory"], GENERATOR_EXAMPLES) == [author, kenya, python]
+    both = [STATE["memory"][0], search]  # the last call decides
+    assert ordered_examples(both, GENERATOR_EXAMPLES) == [python, author, kenya]
+    assert ordered_examples([], GENERATOR_EXAMPLES) == [python, author, kenya]
+    unknown = [{**search, "tool": "my_tool"}]
+    assert ordered_examples(unknown, GENERATOR_EXAMPLES) == [python, author, kenya]
+
+
 def test_the_generator_sees_worked_answers_first_and_no_query_analysis() -> None:
     seen: list[list[BaseMessage]] = []
     update = make_generator(recording("So. <answer>35</answer>", seen))(STATE, runtime())
     (messages,) = seen
     roles = [m.type for m in messages]
     assert roles == ["system", *["human", "ai"] * len(GENERATOR_EXAMPLES), "human"]
+    python_last = ordered_examples(STATE["memory"], GENERATOR_EXAMPLES)
+    assert python_last[-1][1][0]["tool"] == "python"  # the memory's tool's example comes last
     for (question, _, answer), shown, replied in zip(
-        GENERATOR_EXAMPLES, messages[1:-1:2], messages[2:-1:2], strict=True
+        python_last, messages[1:-1:2], messages[2:-1:2], strict=True
     ):
         assert f"Question: {question}" in shown.text and replied.text == answer
         assert "<answer>" in answer  # each example answers in the tags, only the answer
