@@ -17,7 +17,7 @@ def read(path: Path) -> list[dict[str, str]]:
 
 def test_shipped_files_are_the_generators_output(tmp_path: Path) -> None:
     tool_task.write(tmp_path)
-    for name in ("train", "heldout", "corpus"):
+    for name in ("train", "heldout", "corpus", "train_lookup_heavy"):
         shipped = (tool_task.TASK_DIR / f"{name}.jsonl").read_text(encoding="utf-8")
         assert shipped == (tmp_path / f"{name}.jsonl").read_text(encoding="utf-8"), name
 
@@ -81,3 +81,10 @@ def test_a_river_lookup_accepts_the_bare_name_and_the_sea() -> None:
     for answer in (name, f"the {name} Sea", f"{name} Sea."):
         assert scorer(answer, river).value == 1.0, answer
     assert scorer(f"The {name} River", river).value == 0.0
+
+
+def test_the_lookup_heavy_order_holds_the_training_cases_two_lookups_to_one() -> None:
+    train, mix = read(tool_task.TRAIN_FILE), read(tool_task.TRAIN_MIX_FILE)
+    assert sorted(c["id"] for c in mix) == sorted(c["id"] for c in train)
+    assert [c["kind"] for c in mix[:6]] == ["lookup", "lookup", "arithmetic"] * 2
+    assert [c["kind"] for c in mix[:72]].count("lookup") == 48
