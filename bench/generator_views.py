@@ -63,34 +63,13 @@ SUB_GOALS = {
     tool.name: tool.metadata["plan_example"]["sub_goal"]
     for tool in (python_tool(), local_search_tool(CORPUS_FILE))
 }
-PYTHON_EXAMPLE, _, KENYA_EXAMPLE = GENERATOR_EXAMPLES
+PYTHON_EXAMPLE, AUTHOR, KENYA_EXAMPLE = GENERATOR_EXAMPLES
 TWO = (PYTHON_EXAMPLE, KENYA_EXAMPLE)
 """The worked answers shipped until session 14 (the views below were measured with them)."""
 _question, _memory, _ = PYTHON_EXAMPLE
 RESTATING = (
     (_question, _memory, "The python tool computed 12 * 34 and printed 408. <answer>408</answer>"),
     KENYA_EXAMPLE,
-)
-_AUTHOR_RESULT = (
-    "[1] (id: glass-road) The Glass Road\nThe Glass Road is a novel written by Ana Petrov.\n\n"
-    "[2] (id: red-hill) The Red Hill\nThe Red Hill is a novel written by Tom Berg."
-)
-AUTHOR = (
-    "Who wrote the novel The Glass Road?",
-    [
-        {
-            "turn": 1,
-            "kind": "action",
-            "tool": "local_search",
-            "sub_goal": "Find the author of The Glass Road.",
-            "arguments": {"query": "The Glass Road novel author"},
-            "result": _AUTHOR_RESULT,
-            "error": None,
-        },
-        {"turn": 1, "kind": "verification", "verdict": "STOP"},
-    ],
-    "The first passage says The Glass Road is a novel written by Ana Petrov. "
-    "<answer>Ana Petrov</answer>",
 )
 _kenya_question, _kenya_memory, _ = KENYA_EXAMPLE
 QUESTION_ORDER = (

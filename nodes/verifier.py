@@ -74,8 +74,9 @@ def make_verifier(
             text, verdict, clear = error, "STOP", False
         elif not clear:
             chat, second, whole = _concluded(conclude, messages, text)
-            if second.error is None and parse_verdict(whole)[1]:
-                (verdict, clear), text = parse_verdict(whole), whole
+            concluded, said = parse_verdict(whole)
+            if second.error is None and said:
+                verdict, clear, text = concluded, True, whole
             records.append(_record(turn, chat, second, second.error or whole, clear))
         update: dict[str, Any] = {
             "verdict": verdict,
