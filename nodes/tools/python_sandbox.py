@@ -2,7 +2,8 @@
 
 On Linux the code runs in a bubblewrap sandbox (`sandbox.py`: what the child sees; the runner,
 `sandbox_runner.py`: limits and notebook-style output; `sandbox_process.py`: output pipes, the
-clock and the tree's memory). Where the host cannot isolate, the tool refuses, saying why; it
+clock and the tree's memory; `sandbox_cgroup.py`: a pids cgroup per run, where the kernel's
+`RLIMIT_NPROC` does not hold). Where the host cannot isolate, the tool refuses, saying why; it
 runs code unisolated only when built with `isolation="none"`, which logs a warning.
 """
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowlearn.nodes.tools.sandbox import PACKAGES, bwrap_argv, interpreter
+from flowlearn.nodes.tools.sandbox_cgroup import capped
 from flowlearn.nodes.tools.sandbox_process import Outcome, TreeLimits, run_child
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
@@ -33,8 +34,8 @@ class Limits:
     process's address space. Unisolated: per process only."""
     max_processes: int = 32
     """Processes and threads alive at once, the sandbox's init included (sandbox only):
-    `RLIMIT_NPROC` where the kernel applies it (not to the host's root, which it exempts), and
-    a count every 20 ms."""
+    `RLIMIT_NPROC` where the kernel applies it (not to the host's root, which it exempts), a
+    pids cgroup where one can be made (`sandbox_cgroup`), and a count every 20 ms."""
     disk_mb: int = 64
     """Size of the writable folder (sandbox); unisolated: the largest file."""
     max_output_chars: int = 8000
@@ -91,14 +92,16 @@ def run_isolated(code: str, limits: Limits, bwrap: str) -> Outcome:
                 interpreter(),
                 *_runner_args(limits, processes=limits.max_processes, paths=(PACKAGES,)),
             ]
-            return run_child(
-                argv,
-                timeout=limits.timeout,
-                max_output_bytes=limits.max_output_chars,
-                tree=TreeLimits(limits.memory_mb * 2**20, limits.max_processes),
-                pass_fds=(info_w, code_fd),
-                info_fd=info_r,
-            )
+            # bwrap's own parent, outside the sandbox, is the one task more in the cgroup.
+            with capped(argv, limits.max_processes + 1) as argv:
+                return run_child(
+                    argv,
+                    timeout=limits.timeout,
+                    max_output_bytes=limits.max_output_chars,
+                    tree=TreeLimits(limits.memory_mb * 2**20, limits.max_processes),
+                    pass_fds=(info_w, code_fd),
+                    info_fd=info_r,
+                )
     finally:
         os.close(info_w)
 
