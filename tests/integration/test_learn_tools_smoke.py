@@ -26,6 +26,7 @@ RECIPE = Path(__file__).parents[2] / "examples" / "learn_tools.yaml"
 SMALL = [
     *("--questions_per_step", "1", "--num_generations", "2", "--limit", "2"),
     *("--per_device_train_batch_size", "2", "--steps_per_generation", "1"),
+    *("--gradient_accumulation_steps", "1"),
     *("--max_completion_length", "24", "--engine-max-new-tokens", "16", "--max-steps", "2"),
 ]
 
