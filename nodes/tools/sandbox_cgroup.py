@@ -114,9 +114,15 @@ def capped(argv: list[str], max_tasks: int) -> Iterator[list[str]]:
         yield argv
         return
     folder = base / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    folder.mkdir()
     try:
+        folder.mkdir()
         (folder / "pids.max").write_text(f"{max_tasks}\n")
+    except OSError as exc:  # e.g. the hierarchy's cgroup.max.descendants: the count still holds
+        log.warning("no pids cgroup for this run (%s); its processes are counted only", exc)
+        _remove(folder, wait=0)
+        yield argv
+        return
+    try:
         yield ["/bin/sh", "-c", _ENTER, str(folder / "cgroup.procs"), *argv]
     finally:
         _remove(folder)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sandbox_probe import sandboxed
 
+from flowlearn.nodes.tools import sandbox_cgroup
 from flowlearn.nodes.tools.python_sandbox import NO_OUTPUT, run_python
 from flowlearn.nodes.tools.sandbox_cgroup import PREFIX, pids_base
 
@@ -114,6 +115,15 @@ def test_process_count_is_bounded(bomb: str) -> None:
         assert int(refused.group(1)) <= 16, out
     else:  # only the 20 ms count: the run goes over, and is killed within a tick or two
         assert refused or killed, out
+
+
+@sandboxed
+def test_a_run_whose_cgroup_cannot_be_made_still_runs_under_the_count(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sandbox_cgroup, "pids_base", lambda: tmp_path / "gone")
+    assert run_python("print(6 * 7)") == "42"
+    assert "no pids cgroup for this run" in caplog.text
 
 
 def kernel_caps_processes() -> bool:
