@@ -117,6 +117,25 @@ def test_process_count_is_bounded(bomb: str) -> None:
         assert refused or killed, out
 
 
+@pytest.mark.skipif(pids_base() is None, reason="no pids cgroup can be made on this host")
+def test_empty_cgroups_of_ended_processes_are_swept_at_the_probe() -> None:
+    base = pids_base()
+    assert base is not None
+    dead = 2**22 + 1  # above pid_max's default ceiling: no process has it
+    stale, alive = base / f"{PREFIX}{dead}-test", base / f"{PREFIX}{os.getpid()}-test"
+    stale.mkdir()
+    alive.mkdir()
+    try:
+        pids_base.cache_clear()
+        assert pids_base() == base
+        assert not stale.exists()
+        assert alive.exists()  # this process still runs: its cgroups are its own to remove
+    finally:
+        for folder in (stale, alive):
+            if folder.exists():
+                folder.rmdir()
+
+
 @sandboxed
 def test_a_run_whose_cgroup_cannot_be_made_still_runs_under_the_count(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
