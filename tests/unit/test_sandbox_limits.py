@@ -92,6 +92,11 @@ def test_a_replaced_stdout_cannot_redirect_or_block_the_reader() -> None:
     assert time.monotonic() - start < 2
 
 
+def kernel_caps_processes() -> bool:
+    """Whether the kernel refuses a run's task over the cap: RLIMIT_NPROC (non-root) or a cgroup."""
+    return os.geteuid() != 0 or pids_base() is not None
+
+
 @pytest.mark.parametrize(
     "bomb",
     [
@@ -143,10 +148,6 @@ def test_a_run_whose_cgroup_cannot_be_made_still_runs_under_the_count(
     monkeypatch.setattr(sandbox_cgroup, "pids_base", lambda: tmp_path / "gone")
     assert run_python("print(6 * 7)") == "42"
     assert "no pids cgroup for this run" in caplog.text
-
-
-def kernel_caps_processes() -> bool:
-    return os.geteuid() != 0 or pids_base() is not None
 
 
 @pytest.mark.skipif(pids_base() is None, reason="no pids cgroup can be made on this host")
