@@ -13,8 +13,9 @@ reads the next-token distribution of the untrained planner and of each adapter g
 A checkpoint is picked on training questions the run did not use (the default `--cases`);
 the held-out set is kept for the final eval.
 
-`--layout question-last` renders the prompt with the question repeated before the reply format
-(untrained only: an adapter learned the shipped layout). Results: `bench/results/tool_choice_*`.
+`--layout question-last` renders the prompt with the question repeated before the reply format,
+`--layout no-analysis` without the query analysis (untrained only: an adapter learned the
+shipped layout). Results: `bench/results/tool_choice_*`.
 
 Run: `python bench/tool_choice.py runs/learn-tools/checkpoint-{8,12,16} [--cases FILE --skip N]`
 """
@@ -50,6 +51,8 @@ LAYOUTS = {
     "question-last": PLANNER_PROMPT.replace(
         "This is step {turn}.\n", "This is step {turn}.\n\nQuestion: {question}\n"
     ),
+    # without the engine's query analysis (the untrained engine's is often a list of Pythons)
+    "no-analysis": PLANNER_PROMPT.replace("Query analysis:\n{analysis}\n\n", ""),
 }
 """Planner-prompt layouts to compare the untrained planner's choice under (`--layout`)."""
 
