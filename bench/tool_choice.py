@@ -161,6 +161,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="append JSON lines here")
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="shipped")
     args = parser.parse_args()
+    if args.layout != "shipped" and args.adapters:
+        parser.error("--layout compares the untrained planner only: adapters learned 'shipped'")
     planner_module.PLANNER_PROMPT = LAYOUTS[args.layout]
     cases = pick_cases(args.cases, args.skip, args.per_kind)
     prompts, model, tokenizer = first_prompts(cases, args.cache)
