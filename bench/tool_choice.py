@@ -14,8 +14,9 @@ A checkpoint is picked on training questions the run did not use (the default `-
 the held-out set is kept for the final eval.
 
 `--layout question-last` renders the prompt with the question repeated before the reply format,
-`--layout no-analysis` without the query analysis (untrained only: an adapter learned the
-shipped layout). Results: `bench/results/tool_choice_*`.
+`--layout no-analysis` without the query analysis, `--layout no-examples` without the worked
+plans (untrained only: an adapter learned the shipped layout). Results:
+`bench/results/tool_choice_*`.
 
 Run: `python bench/tool_choice.py runs/learn-tools/checkpoint-{8,12,16} [--cases FILE --skip N]`
 """
@@ -53,6 +54,8 @@ LAYOUTS = {
     ),
     # without the engine's query analysis (the untrained engine's is often a list of Pythons)
     "no-analysis": PLANNER_PROMPT.replace("Query analysis:\n{analysis}\n\n", ""),
+    # without the worked plans (one per tool, python's last)
+    "no-examples": PLANNER_PROMPT.replace("{examples}", ""),
 }
 """Planner-prompt layouts to compare the untrained planner's choice under (`--layout`)."""
 
