@@ -157,7 +157,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("adapters", nargs="*", type=Path, help="checkpoint folders of a run")
     parser.add_argument("--cases", type=Path, default=TRAIN_MIX_FILE)
-    parser.add_argument("--skip", type=int, default=30, help="lines the run trained on")
+    parser.add_argument(
+        "--skip",
+        type=int,
+        default=36,
+        help="lines of --cases the run trained on: 3 a round, a round every 2 steps (36: 24 steps)",
+    )
     parser.add_argument("--per-kind", type=int, default=12)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--cache", type=Path, default=Path("runs/tool-choice-analyses.json"))
