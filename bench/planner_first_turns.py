@@ -35,8 +35,7 @@ from flowlearn.nodes import planner as planner_module
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
-from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
-from flowlearn.nodes.render import prompt_messages
+from flowlearn.nodes.prompts import PLANNER_PROMPT
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.nodes.tools import default_tools
@@ -127,14 +126,7 @@ async def main(per_kind: int, samples: int) -> None:
     catalogue = render_catalogue(tools)
     context = Context(max_turns=1)
     analyses = await asyncio.gather(
-        *[
-            engine.ainvoke(
-                prompt_messages(
-                    QUERY_ANALYSIS_PROMPT.format(question=c["question"], tools=catalogue)
-                )
-            )
-            for c in cases
-        ]
+        *[engine.ainvoke(planner_module.analysis_messages(c["question"], tools)) for c in cases]
     )
     sampling = Sampling(temperature=0.7, max_new_tokens=context.planner_max_new_tokens)
 

@@ -41,9 +41,7 @@ from flowlearn.nodes.policies.hf import chat_prompt_ids
 from flowlearn.nodes.prompts import (
     PLANNER_PROMPT,
     QUERY_ANALYSIS_MAX_TOKENS,
-    QUERY_ANALYSIS_PROMPT,
 )
-from flowlearn.nodes.render import prompt_messages
 from flowlearn.nodes.schema.context import Context
 
 LAYOUTS = {
@@ -82,8 +80,7 @@ def first_prompts(cases: list[dict[str, Any]], cache: Path) -> tuple[list[list[i
         ask = role_call(engine, None, max_tokens=QUERY_ANALYSIS_MAX_TOKENS)
 
         def analyse(question: str) -> str:
-            prompt = QUERY_ANALYSIS_PROMPT.format(question=question, tools=catalogue)
-            return ask(prompt_messages(prompt)).text
+            return ask(planner_module.analysis_messages(question, tools)).text
 
         with ThreadPoolExecutor(16) as pool:
             known.update(zip(missing, pool.map(analyse, missing), strict=True))

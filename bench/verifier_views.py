@@ -33,17 +33,16 @@ from generator_views import replayed_memory
 
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.tool_task import CORPUS_FILE
-from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.parsing import parse_verdict
+from flowlearn.nodes.planner import analysis_messages
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.prompts import (
     QUERY_ANALYSIS_MAX_TOKENS,
-    QUERY_ANALYSIS_PROMPT,
     VERIFIER_MAX_TOKENS,
     VERIFIER_PROMPT,
 )
-from flowlearn.nodes.render import memory_prompt, prompt_messages
+from flowlearn.nodes.render import memory_prompt
 from flowlearn.nodes.schema.records import StepRecord
 from flowlearn.nodes.tools import default_tools
 
@@ -101,17 +100,12 @@ async def main(views: list[str]) -> None:
     rows = json.loads(CALLS.read_text())["rows"]
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     engine = HFChatModel(policy=policy)
-    catalogue = render_catalogue(default_tools(engine, corpus=str(CORPUS_FILE)))
+    tools = default_tools(engine, corpus=str(CORPUS_FILE))
     analyse = role_call(engine, None, max_tokens=QUERY_ANALYSIS_MAX_TOKENS)
     judge = role_call(engine, None, max_tokens=VERIFIER_MAX_TOKENS)
     questions = [with_answer_instruction(row["question"]) for row in rows]
     analyses = await asyncio.gather(
-        *[
-            asyncio.to_thread(
-                analyse, prompt_messages(QUERY_ANALYSIS_PROMPT.format(question=q, tools=catalogue))
-            )
-            for q in questions
-        ]
+        *[asyncio.to_thread(analyse, analysis_messages(q, tools)) for q in questions]
     )
 
     async def verdict(row: dict[str, Any], question: str, analysis: Any, name: str) -> str:

@@ -29,8 +29,15 @@ def describe_tool(tool: BaseTool) -> str:
     return "\n".join(lines)
 
 
-def render_catalogue(tools: Sequence[BaseTool]) -> str:
-    """Render the catalogue of `tools` for a prompt, one entry per tool."""
+def render_catalogue(tools: Sequence[BaseTool], *, brief: bool = False) -> str:
+    """Render the catalogue of `tools` for a prompt, one entry per tool.
+
+    `brief` renders each tool's name and description only, for the query analysis: what the
+    tools are for, without the argument schemas and usage notes the planner and executor need
+    (`prompts.QUERY_ANALYSIS_PROMPT` says what the full entries did to a small engine).
+    """
     if not tools:
         return "(no tools available)"
+    if brief:
+        return "\n".join(f"- {tool.name}: {(tool.description or '').strip()}" for tool in tools)
     return "\n".join(describe_tool(tool) for tool in tools)

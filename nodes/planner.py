@@ -155,6 +155,12 @@ def plan_messages(
     return messages
 
 
+def analysis_messages(question: str, available: Sequence[BaseTool]) -> list[dict[str, str]]:
+    """Render the query analysis's prompt: the question and the brief tool catalogue."""
+    catalogue = render_catalogue(available, brief=True)
+    return prompt_messages(QUERY_ANALYSIS_PROMPT.format(question=question, tools=catalogue))
+
+
 def record_decision(
     update: dict[str, Any],
     turn: int,
@@ -233,8 +239,10 @@ def make_planner(
     if analysis_engine is not None:
         ask = role_call(analysis_engine, retry, max_tokens=QUERY_ANALYSIS_MAX_TOKENS)
 
-    def analyze(question: str, catalogue: str, sampling: Sampling) -> tuple[str, dict[str, Any]]:
-        messages = prompt_messages(QUERY_ANALYSIS_PROMPT.format(question=question, tools=catalogue))
+    def analyze(
+        question: str, available: Sequence[BaseTool], sampling: Sampling
+    ) -> tuple[str, dict[str, Any]]:
+        messages = analysis_messages(question, available)
         if ask is not None:
             reply = ask(messages)
             if reply.error is not None:
@@ -267,7 +275,7 @@ def make_planner(
         update: dict[str, Any] = {"started_at": started, "transitions": []}
         analysis = state.get("analysis")
         if not analysis:
-            analysis, record = analyze(state["question"], catalogue, sampling)
+            analysis, record = analyze(state["question"], available, sampling)
             update["analysis"] = analysis
             update["transitions"].append(record)
 

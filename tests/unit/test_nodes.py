@@ -45,6 +45,23 @@ def test_planner_first_visit_analyses_then_plans() -> None:
     assert "add: Add two integers." in policy.calls[0][-1]["content"]
 
 
+def test_query_analysis_reads_the_brief_catalogue_and_the_planner_the_full_one() -> None:
+    @tool
+    def search(query: str) -> str:
+        """Search the notes."""
+        return query
+
+    search.metadata = {"usage_notes": "Run a Python 3 program here? No: short queries."}
+    policy = ScriptedPolicy([plan("search")])
+    engine = FakeChatModel(text="Goal: find it.")
+    make_planner(policy, [search, add], analysis_engine=engine)({"question": "q?"}, runtime())
+    analysed = str(engine.calls[0][-1].content)
+    assert "- search: Search the notes.\n- add: Add two integers." in analysed
+    assert "Usage notes" not in analysed and "Arguments" not in analysed
+    planned = policy.calls[0][-1]["content"]
+    assert "Usage notes: Run a Python 3 program here?" in planned and "Arguments:" in planned
+
+
 def test_planner_unknown_tool_is_a_recorded_format_error() -> None:
     node = make_planner(ScriptedPolicy(["nonsense", plan("teleport")]), [add])
     first = node({"question": "q", "analysis": "a"}, runtime())
