@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from flowlearn.nodes.policies.loading import SHIPPED_ADAPTER
+from flowlearn.nodes.policies.loading import DEFAULT_MODEL_NAME, SHIPPED_ADAPTER
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -34,7 +33,10 @@ def ship(folder: Path, target: Path = SHIPPED_ADAPTER) -> Path:
         )
     tensors = {name: t.to(torch.float16) for name, t in load_file(folder / WEIGHTS).items()}
     target.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(config, target / config.name)
+    settings = json.loads(config.read_text())
+    # the training machine's cache path says nothing elsewhere; peft merges into the loaded base
+    settings["base_model_name_or_path"] = DEFAULT_MODEL_NAME
+    (target / config.name).write_text(json.dumps(settings, indent=2) + "\n")
     save_file(tensors, target / WEIGHTS)
     source = {
         "from": str(folder),

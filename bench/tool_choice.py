@@ -33,7 +33,7 @@ import torch
 
 from flowlearn.compose import FlowSpec, build_tools, load_parts
 from flowlearn.evals.cases import with_answer_instruction
-from flowlearn.evals.tool_task import CORPUS_FILE, TRAIN_MIX_FILE
+from flowlearn.evals.tool_task import CORPUS_FILE, TRAIN_FILE
 from flowlearn.nodes import planner as planner_module
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.policies.engine_calls import role_call
@@ -74,16 +74,16 @@ def first_prompts(cases: list[dict[str, Any]], cache: Path) -> tuple[list[list[i
     tools = build_tools(spec, engine)
     catalogue = render_catalogue(tools)
     questions = [with_answer_instruction(c["question"]) for c in cases]
+    # keyed by the analysis prompt's text: a changed prompt is analysed afresh
+    asked = {q: planner_module.analysis_messages(q, tools) for q in questions}
+    keys = {q: json.dumps(messages) for q, messages in asked.items()}
     known = json.loads(cache.read_text()) if cache.is_file() else {}
-    missing = [q for q in questions if q not in known]
+    missing = [q for q in questions if keys[q] not in known]
     if missing:
         ask = role_call(engine, None, max_tokens=QUERY_ANALYSIS_MAX_TOKENS)
-
-        def analyse(question: str) -> str:
-            return ask(planner_module.analysis_messages(question, tools)).text
-
         with ThreadPoolExecutor(16) as pool:
-            known.update(zip(missing, pool.map(analyse, missing), strict=True))
+            replies = pool.map(lambda q: ask(asked[q]).text, missing)
+            known.update({keys[q]: text for q, text in zip(missing, replies, strict=True)})
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(known, indent=1))
     handle: Any = planner.handle  # type: ignore[attr-defined]
@@ -95,7 +95,7 @@ def first_prompts(cases: list[dict[str, Any]], cache: Path) -> tuple[list[list[i
                 {"question": q},  # type: ignore[typeddict-item]
                 Context(max_turns=1),
                 tools,
-                analysis=known[q],
+                analysis=known[keys[q]],
                 tools=catalogue,
                 turn=1,
                 prefill=True,
@@ -153,14 +153,15 @@ def report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("adapters", nargs="*", type=Path, help="checkpoint folders of a run")
-    parser.add_argument("--cases", type=Path, default=TRAIN_MIX_FILE)
+    parser.add_argument("--cases", type=Path, default=TRAIN_FILE)
     parser.add_argument(
         "--skip",
         type=int,
-        default=36,
-        help="lines of --cases the run trained on: 3 a round, a round every 2 steps (36: 24 steps)",
+        default=16,
+        help="lines of --cases the run trained on: the recipe's 2 a round, a round every 2 "
+        "steps (16: its 16 steps; run 11 trained on train_lookup_heavy.jsonl, 3 a round)",
     )
-    parser.add_argument("--per-kind", type=int, default=12)
+    parser.add_argument("--per-kind", type=int, default=20)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--cache", type=Path, default=Path("runs/tool-choice-analyses.json"))
     parser.add_argument("--out", type=Path, default=None, help="append JSON lines here")

@@ -26,8 +26,9 @@ brief=True)`: each tool's name and description), not the planner's, whose argume
 and usage notes (python's: "Run a Python 3 program ... The standard library and numpy ...")
 led the untrained embedded SmolLM2 to list "Python 3.7, Python 3.8, ..." to the end of its
 budget for lookups. The planner then read a Python-laden analysis for every question. Measured
-with `bench/tool_choice.py` on 40 unused training questions (20 lookups, 20 arithmetic), the
-untrained planner's first token: with the full catalogue, 9 of 20 lookup analyses named Python
+with `bench/tool_choice.py` on 40 unused training questions (20 lookups, 20 arithmetic;
+`bench/results/tool_choice_run12.txt`), the untrained planner's first token: with the full
+catalogue, 9 of 20 lookup analyses named Python
 and the planner's choice hardly depended on the question (greedy right tool 5 and 20 of 20;
 p(right) at T=0.7 0.37 and 0.67); with the brief one, 2 of 20, and 14 and 19 (0.48 and 0.63).
 The analyses also got shorter (41 words on average, from 67)."""

@@ -220,4 +220,7 @@ def with_adapter(model: Any, folder: Path) -> Any:
         ) from exc
     merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
     merged.config.name_or_path = f"{DEFAULT_MODEL_NAME}+{folder.name}"
+    # peft froze the base to load the adapter; the merged model trains like any loaded one
+    # (full fine-tuning of `--planner default`; LoRA on top freezes it again itself)
+    merged.requires_grad_(True)
     return merged

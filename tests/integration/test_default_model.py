@@ -39,8 +39,27 @@ def test_default_model_answers_offline(tmp_path: Path, capsys: pytest.CaptureFix
     )
     assert status == 0
     printed = capsys.readouterr().out
-    assert "planner: SmolLM2-135M-Instruct@0" in printed and "Answer:" in printed
+    assert "planner: SmolLM2-135M-Instruct+default_planner@0" in printed  # shipped adapter
+    assert "Answer:" in printed
     run = json.loads(out.read_text())
     assert run["turn"] == 1 and run["final_text"]
     turn = next(t for t in run["transitions"] if t["node"] == "planner")
     assert len(turn["completion_ids"]) == len(turn["logprobs"]) > 0
+
+
+def test_shipped_default_planner_answers_the_demo_through_python(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make demo`: the default planner (with the shipped adapter) answers 391 via python."""
+    from flowlearn.nodes.policies.loading import shipped_adapter
+
+    assert shipped_adapter() is not None, "the package ships the trained planner adapter"
+    out = tmp_path / "run.jsonl"
+    question = "What is 17 * 23?"
+    assert main(["run", question, "--max-turns", "3", "--seed", "0", "--save", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Answer: 391" in printed
+    run = json.loads(out.read_text())
+    assert next(m["tool"] for m in run["memory"] if m.get("kind") == "action") == "python"
+    planner = next(t for t in run["transitions"] if t["node"] == "planner")
+    assert planner["sampling"]["temperature"] == 0.7  # the CLI's default sampling

@@ -55,6 +55,7 @@ def test_default_planner_merges_the_shipped_adapter_and_default_base_does_not(
     assert not torch.allclose(logits(trained), logits(plain), atol=1e-3)
     assert type(trained) is type(plain)  # merged: a plain model, no peft wrapper
     assert trained.config.name_or_path.endswith("+default_planner")
+    assert all(p.requires_grad for p in trained.parameters())  # full fine-tuning can train it
     assert untrained_twin("default") == "default-base" and untrained_twin("x/y") == "x/y"
 
 
