@@ -36,10 +36,22 @@ class Score:
             raise ValueError(f"score value must be in [0, 1], got {self.value}")
 
 
+_PUNCTUATION = frozenset(string.punctuation)
+_NUMBER_MARK = re.compile(r"(?<![\w.])-(?=\d)|(?<=\d)\.(?=\d)")
+"""A number's sign (`-1266`) and decimal point (`3.5`), which normalisation keeps."""
+
+
 def normalize_answer(text: str) -> str:
-    """SQuAD/HotpotQA normalisation: lower-case, drop punctuation, articles and extra spaces."""
+    """SQuAD/HotpotQA normalisation: lower-case, drop punctuation, articles and extra spaces.
+
+    One departure: a number keeps its minus sign and decimal point. SQuAD's rule drops them, so
+    "1266" matched a reference of "-1266" and "35" one of "3.5" (the tool task's differences go
+    negative: the embedded engine's unsigned answer scored right in session 19's eval).
+    Thousands separators and a sentence's closing period still go ("1,000." is "1000").
+    """
     text = str(text).lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    kept = {m.start() for m in _NUMBER_MARK.finditer(text)}
+    text = "".join(ch for i, ch in enumerate(text) if i in kept or ch not in _PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 

@@ -21,6 +21,10 @@ from flowlearn.evals.scorers import (
         ("The  Eiffel Tower!", "eiffel tower"),
         ("an apple, a pear", "apple pear"),
         ("  James   MADISON. ", "james madison"),
+        ("-1266", "-1266"),
+        ("It is -3.5.", "it is -3.5"),
+        ("1,000.", "1000"),
+        ("well-known 3-4", "wellknown 34"),
     ],
 )
 def test_normalisation(text: str, normal: str) -> None:
@@ -31,6 +35,21 @@ def test_exact_match_over_acceptable_answers() -> None:
     assert exact_match("the James Madison", ["james madison", "madison"]).value == 1.0
     assert exact_match("Madison", ["james madison", "madison"]).value == 1.0
     assert exact_match("Jefferson", "james madison").value == 0.0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "reference", "value"),
+    [
+        ("1266", "-1266", 0.0),
+        ("-1266", "-1266", 1.0),
+        ("35", "3.5", 0.0),
+        ("110880.", "110880", 1.0),
+    ],
+)
+def test_exact_match_keeps_a_numbers_sign_and_decimal_point(
+    prediction: str, reference: str, value: float
+) -> None:
+    assert exact_match(prediction, reference).value == value
 
 
 def test_token_f1_partial_credit_and_yes_no() -> None:
