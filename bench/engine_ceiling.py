@@ -18,8 +18,10 @@ Prints, per question and in total:
 - how often the verifier said STOP (with one turn the flow answers either way; with more, a
   CONTINUE runs another planner turn).
 
-Run: `python bench/engine_ceiling.py [--limit N] [--plan question|example]`. Writes
-bench/results/engine_ceiling.json (`--plan example`: engine_ceiling_example.json).
+Run: `python bench/engine_ceiling.py [--limit N] [--plan question|example] [--cases FILE
+--corpus FILE --out FILE]`. Writes bench/results/engine_ceiling.json (`--plan example`:
+engine_ceiling_example.json) unless `--out` names another file; `--cases` and `--corpus` run
+another tool-use set (cases with `question`, `answer`, `tool`), e.g. `bench/outside_set.py`'s.
 """
 
 from __future__ import annotations
@@ -76,15 +78,16 @@ async def run_case(
     }
 
 
-async def main(limit: int, kind: str) -> None:
-    """Run the held-out cases 16 at a time on one engine; print and save the figures."""
-    cases = [json.loads(line) for line in HELDOUT_FILE.read_text().splitlines()][:limit]
+async def main(args: argparse.Namespace) -> None:
+    """Run the cases 16 at a time on one engine; print and save the figures."""
+    kind = args.plan
+    cases = [json.loads(line) for line in args.cases.read_text().splitlines()][: args.limit]
     policy = HFPolicy.from_pretrained(None)  # the embedded default
     engine = HFChatModel(
         policy=BatchingPolicy(policy, max_batch_size=16), max_new_tokens=ENGINE_MAX_TOKENS
     )
     names = ("python", "local_search")
-    tools = [t for t in default_tools(engine, corpus=str(CORPUS_FILE)) if t.name in names]
+    tools = [t for t in default_tools(engine, corpus=str(args.corpus)) if t.name in names]
     start = time.perf_counter()
     rows = await asyncio.gather(*[run_case(case, engine, tools, kind) for case in cases])
     seconds = time.perf_counter() - start
@@ -98,9 +101,9 @@ async def main(limit: int, kind: str) -> None:
     tool_right = sum(r["tool_right"] for r in rows)
     answer_right = sum(r["answer_right"] for r in rows)
     print(
-        f"\n{n} held-out cases with the right tool ({kind} plan), the untrained engine: the "
-        f"tool's result held the answer in {tool_right}/{n}, the flow answered right in "
-        f"{answer_right}/{n} ({seconds:.0f} s)"
+        f"\n{n} cases of {args.cases.name} with the right tool ({kind} plan), the untrained "
+        f"engine: the tool's result held the answer in {tool_right}/{n}, the flow answered "
+        f"right in {answer_right}/{n} ({seconds:.0f} s)"
     )
     kinds = {"lookups": "local_search", "arithmetic": "python"}
     for label, tool in kinds.items():
@@ -115,6 +118,7 @@ async def main(limit: int, kind: str) -> None:
         f"{tool_right} whose tool result held the answer"
     )
     out = RESULTS if kind == "question" else RESULTS.with_name(f"{RESULTS.stem}_{kind}.json")
+    out = args.out or out
     out.parent.mkdir(exist_ok=True)
     summary = {"cases": n, "plan": kind, "tool_right": tool_right, "answer_right": answer_right}
     out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
@@ -122,7 +126,10 @@ async def main(limit: int, kind: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=48, help="held-out cases to run (48)")
+    parser.add_argument("--limit", type=int, default=48, help="cases to run (48)")
+    parser.add_argument("--cases", type=Path, default=HELDOUT_FILE, help="tool-use cases (JSONL)")
+    parser.add_argument("--corpus", type=Path, default=CORPUS_FILE, help="their corpus (JSONL)")
+    parser.add_argument("--out", type=Path, help="the JSON results file")
     parser.add_argument(
         "--plan",
         choices=("question", "example"),
@@ -130,4 +137,4 @@ if __name__ == "__main__":
         help="sub-goal and context: the question itself, or the tool's plan example",
     )
     args = parser.parse_args()
-    asyncio.run(main(args.limit, args.plan))
+    asyncio.run(main(args))

@@ -11,7 +11,10 @@ was the right one for the question's kind (`python` for arithmetic, `local_searc
     (the same with --planner default --out runs/eval-trained)
     python bench/learn_tools_report.py runs/eval-base runs/eval-trained
 
-Writes bench/results/learn_tools.{json,md}.
+Writes bench/results/learn_tools.{json,md} (`--out NAME`: NAME.{json,md}). `--cases` names
+another tool-use set (cases with `id` and `tool`), e.g. `bench/outside_set.py`'s. Each answer
+is scored again with `exact_match`, the task's scorer, so an eval run before a scorer fix
+reads as the scorer reads it now.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flowlearn.evals.scorers import exact_match
 from flowlearn.evals.tool_task import HELDOUT_FILE
 
 RESULTS = Path(__file__).parent / "results"
@@ -31,9 +35,10 @@ def measure(folder: Path, expected: dict[str, str]) -> dict[str, Any]:
     rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
     turns = sum(max(r["turns"], 1) for r in rows)
     right_tool = [bool(r["tools"]) and r["tools"][0] == expected[r["id"]] for r in rows]
+    scores = [exact_match(r["answer"], r["reference"]).value for r in rows]
     return {
         "cases": len(rows),
-        "accuracy": round(sum(r["score"] for r in rows) / len(rows), 4),
+        "accuracy": round(sum(scores) / len(rows), 4),
         "format_error_rate": round(sum(r["format_errors"] for r in rows) / turns, 4),
         "right_tool_rate": round(sum(right_tool) / len(rows), 4),
         "by_kind": {
@@ -47,10 +52,10 @@ def measure(folder: Path, expected: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def table(before: dict[str, Any], after: dict[str, Any]) -> str:
+def table(before: dict[str, Any], after: dict[str, Any], name: str = "held-out") -> str:
     """Render the two summaries as a markdown table."""
     lines = [
-        "| held-out (48) | untrained planner | trained planner |",
+        f"| {name} ({before['cases']}) | untrained planner | trained planner |",
         "|---|---|---|",
         f"| accuracy (exact match) | {100 * before['accuracy']:.1f}% | "
         f"{100 * after['accuracy']:.1f}% |",
@@ -72,16 +77,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path, help="eval folder of the untrained planner")
     parser.add_argument("after", type=Path, help="eval folder of the trained planner")
+    parser.add_argument("--cases", type=Path, default=HELDOUT_FILE, help="the evals' cases")
+    parser.add_argument("--out", default="learn_tools", help="file name under bench/results/")
     args = parser.parse_args(argv)
-    cases = [json.loads(line) for line in HELDOUT_FILE.read_text().splitlines()]
+    cases = [json.loads(line) for line in args.cases.read_text().splitlines()]
     expected = {c["id"]: c["tool"] for c in cases}
     before, after = measure(args.before, expected), measure(args.after, expected)
-    text = table(before, after)
+    name = "held-out" if args.cases == HELDOUT_FILE else args.cases.parent.name
+    text = table(before, after, name)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "learn_tools.md").write_text(text + "\n")
+    (RESULTS / f"{args.out}.md").write_text(text + "\n")
     summary = {"untrained": before, "trained": after}
-    (RESULTS / "learn_tools.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":
