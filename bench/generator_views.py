@@ -25,8 +25,14 @@ it. The embedded SmolLM2 generator then answers from memory shown as:
   capital example too). Session 14, `--plan example`: two examples 11/23, untitled 11/23, untitled
   k=1 14/23 (the failures: 5 searches that missed, 3 authors answered with the novel's title).
 
+- `no-sub-goal`: as `shipped`, each step's sub-goal left out of memory (the trained planner's
+  sub-goals are its plan example's, "Find the passage that answers the question.", which the
+  generator repeated as its answer).
+
 `--plan example` replays instead the calls of `bench/engine_ceiling.py --plan example` (the
 tools' plan examples as sub-goals, shown in memory as such), and `--views a,b` runs only those.
+`--calls FILE --corpus FILE` replay another set's calls (`bench/engine_ceiling.py --cases ...
+--out FILE` writes them), e.g. `bench/outside_set.py`'s.
 
 Prints exact-match answers right per kind for each view. Run: `python bench/generator_views.py`.
 """
@@ -106,15 +112,19 @@ VIEWS = {  # arguments shown, passages, examples, the question as the generator 
     "k=2": (False, 2, TWO, bare_question),
     "untitled": (False, -3, UNTITLED_EXAMPLES, bare_question),
     "untitled k=1": (False, -1, UNTITLED_EXAMPLES, bare_question),
+    "no-sub-goal": (False, 3, GENERATOR_EXAMPLES, bare_question),
 }
+HIDDEN_SUB_GOAL = {"no-sub-goal"}
 
 
-def replayed_memory(row: dict[str, Any], k: int, plan: str) -> list[dict[str, Any]]:
+def replayed_memory(
+    row: dict[str, Any], k: int, plan: str, corpus: Path = CORPUS_FILE
+) -> list[dict[str, Any]]:
     """Return the case's memory: its recorded call, the lookup rerun with `k` passages."""
     arguments = row["arguments"] or {}
     lookup = "query" in arguments
     result = (
-        local_search_tool(CORPUS_FILE, k=abs(k)).invoke({"query": str(arguments["query"])})
+        local_search_tool(corpus, k=abs(k)).invoke({"query": str(arguments["query"])})
         if lookup
         else row["tool_result"]
     )
@@ -134,29 +144,35 @@ def replayed_memory(row: dict[str, Any], k: int, plan: str) -> list[dict[str, An
     return [action, {"turn": 1, "kind": "verification", "verdict": "STOP"}]
 
 
-async def main(plan: str, views: list[str]) -> None:
+async def main(args: argparse.Namespace) -> None:
     """Answer every case under every view, 16 at a time; print right answers per kind."""
+    plan, views = args.plan, args.views.split(",")
     calls = CEILING if plan == "question" else CEILING.with_name(f"{CEILING.stem}_{plan}.json")
-    rows = json.loads(calls.read_text())["rows"]
+    rows = json.loads((args.calls or calls).read_text())["rows"]
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     ask = role_call(
         HFChatModel(policy=policy), None, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP]
     )
 
-    async def answer(row: dict[str, Any], view: tuple[bool, int, Any, Any]) -> bool:
-        arguments, k, examples, read = view
+    async def answer(row: dict[str, Any], name: str) -> bool:
+        arguments, k, examples, read = VIEWS[name]
         question = read(with_answer_instruction(row["question"]))
-        state = {"question": question, "memory": replayed_memory(row, k, plan)}
+        state = {"question": question, "memory": replayed_memory(row, k, plan, args.corpus)}
         shown = ordered_examples(state["memory"], examples)  # as the generator orders them
-        messages = memory_prompt(GENERATOR_PROMPT, state, shown, arguments=arguments)
+        messages = memory_prompt(
+            GENERATOR_PROMPT,
+            state,
+            shown,
+            arguments=arguments,
+            sub_goals=name not in HIDDEN_SUB_GOAL,
+        )
         reply = await asyncio.to_thread(ask, messages)
         return exact_match(read_answer(closed_reply(reply)).answer, row["reference"]).value == 1
 
     lookups = ["query" in (row["arguments"] or {}) for row in rows]
     for name in views:
-        view = VIEWS[name]
         start = time.perf_counter()
-        right = await asyncio.gather(*[answer(row, view) for row in rows])
+        right = await asyncio.gather(*[answer(row, name) for row in rows])
         found = sum(r for r, lookup in zip(right, lookups, strict=True) if lookup)
         computed = sum(r for r, lookup in zip(right, lookups, strict=True) if not lookup)
         print(
@@ -170,8 +186,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", choices=("question", "example"), default="question")
     parser.add_argument("--views", default=",".join(VIEWS), help="comma-separated view names")
+    parser.add_argument("--calls", type=Path, help="engine_ceiling.py's JSON for another set")
+    parser.add_argument("--corpus", type=Path, default=CORPUS_FILE, help="that set's corpus")
     args = parser.parse_args()
     unknown = sorted(set(args.views.split(",")) - set(VIEWS))
     if unknown:
         parser.error(f"unknown views {unknown}; choose from {sorted(VIEWS)}")
-    asyncio.run(main(args.plan, args.views.split(",")))
+    asyncio.run(main(args))

@@ -82,7 +82,9 @@ def make_generator(
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         asked = {**state, "question": bare_question(state["question"])}
         examples = ordered_examples(state.get("memory", []), GENERATOR_EXAMPLES)
-        messages = memory_prompt(GENERATOR_PROMPT, asked, examples, arguments=False)
+        messages = memory_prompt(
+            GENERATOR_PROMPT, asked, examples, arguments=False, sub_goals=False
+        )
         reply = ask(messages)
         text = reply.error if reply.error is not None else closed_reply(reply)
         read = read_answer(text if reply.error is None else "")

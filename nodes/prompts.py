@@ -156,7 +156,15 @@ Institute founded in 2020"), which it then copied over the passage. Measured on 
 cases with the calls the engine made, each question with its answer instruction
 (`bench/generator_views.py`): 7 of 24 lookups and 13 of 24 arithmetic answers right with the
 arguments shown, 11 and 15 without, 12 and 15 with local_search's 3 passages instead of 5, 13
-and 20 with the question also read without its instruction (`render.bare_question`)."""
+and 20 with the question also read without its instruction (`render.bare_question`). It leaves
+out each step's sub-goal too (`sub_goals=False`): the trained planner writes its plan example's
+("Find the passage that answers the question."), and the engine then answered "The passage that
+answers the question is ..." or a name from the wrong passage. Measured in session 19 by
+`bench/generator_views.py` (`shipped` against `no-sub-goal`), the engine's own calls replayed:
+lookups answered right with the plan example's sub-goals 9 -> 12 of 23 (held-out) and 2 -> 7 of
+12 (`bench/outside_set.py`'s set), with the question as sub-goal 16 -> 17 of 21 and 8 -> 7 of 12;
+arithmetic unchanged (21 of 25, 7 of 12, 21 of 27, 7 of 12). A step's result then speaks for
+itself: local_search's passages carry their titles, python prints its value."""
 
 GENERATOR_EXAMPLES: tuple[tuple[str, list[StepRecord], str], ...] = (
     (

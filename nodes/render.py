@@ -33,10 +33,13 @@ def bare_question(question: str) -> str:
     return question.replace(ANSWER_INSTRUCTION, "").rstrip()
 
 
-def render_memory(memory: Sequence[StepRecord], *, arguments: bool = True) -> str:
+def render_memory(
+    memory: Sequence[StepRecord], *, arguments: bool = True, sub_goals: bool = True
+) -> str:
     """Render step records as numbered lines the agents can read.
 
-    `arguments=False` leaves each action's tool arguments out (the generator's view).
+    `arguments=False` leaves each action's tool arguments out, `sub_goals=False` its sub-goal
+    (the generator's view).
     """
     if not memory:
         return EMPTY_MEMORY
@@ -48,14 +51,12 @@ def render_memory(memory: Sequence[StepRecord], *, arguments: bool = True) -> st
             outcome = (
                 f"Error: {record.get('error')}" if record.get("error") else record.get("result")
             )
-            shown = ""
+            shown = f"  Sub-Goal: {_under(record.get('sub_goal', ''))}\n" if sub_goals else ""
             if arguments:
                 called = json.dumps(record.get("arguments"), ensure_ascii=False, default=str)
-                shown = f"  Arguments: {_under(called)}\n"
+                shown += f"  Arguments: {_under(called)}\n"
             lines.append(
-                f"{head} (tool {_under(record.get('tool'))}):\n"
-                f"  Sub-Goal: {_under(record.get('sub_goal', ''))}\n"
-                f"{shown}  Result: {_under(outcome)}"
+                f"{head} (tool {_under(record.get('tool'))}):\n{shown}  Result: {_under(outcome)}"
             )
         elif kind == "format_error":
             error = _under(record.get("error"))
@@ -71,23 +72,24 @@ def memory_prompt(
     examples: Sequence[tuple[str, Sequence[StepRecord], str]] = (),
     *,
     arguments: bool = True,
+    sub_goals: bool = True,
 ) -> list[dict[str, str]]:
     """Render a template over the question, analysis and memory (verifier, generator).
 
     Each of `examples` (a question, its memory and the reply wanted) comes first as an earlier
     user and assistant turn, rendered by the same template: small engines follow a shown
-    reply far better than a described one. `arguments` as for `render_memory`.
+    reply far better than a described one. `arguments` and `sub_goals` as for `render_memory`.
     """
     messages = prompt_messages(
         template.format(
             question=state["question"],
             analysis=state.get("analysis", ""),
-            memory=render_memory(state.get("memory", []), arguments=arguments),
+            memory=render_memory(state.get("memory", []), arguments=arguments, sub_goals=sub_goals),
         )
     )
     shown = []
     for question, memory, reply in examples:
-        rendered = render_memory(memory, arguments=arguments)
+        rendered = render_memory(memory, arguments=arguments, sub_goals=sub_goals)
         user = template.format(question=question, analysis="", memory=rendered)
         shown += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
     return [messages[0], *shown, *messages[1:]]

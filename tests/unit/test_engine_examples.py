@@ -84,9 +84,9 @@ def test_the_generator_sees_worked_answers_first_and_no_query_analysis() -> None
     asked = messages[-1].text
     assert "What is 5 * 7?" in asked and "Result: 35" in asked
     assert "RAMBLING" not in asked  # the analysis is left out
-    # Tool arguments are left out of every memory it reads, the examples' too.
-    assert all("Arguments:" not in m.text for m in messages)
-    assert "Sub-Goal: Compute 5 * 7." in asked
+    # Tool arguments and sub-goals are left out of every memory it reads, the examples' too.
+    assert all("Arguments:" not in m.text and "Sub-Goal:" not in m.text for m in messages)
+    assert "Step 1 (tool python):\n  Result: 35" in asked
     assert update["answer"] == "35"
     # The transition records exactly what the engine read, examples included.
     assert len(update["transitions"][0]["messages"]) == len(messages)
