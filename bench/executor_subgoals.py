@@ -9,14 +9,18 @@ arguments (`python` for arithmetic, `local_search` for lookups) under three sub-
 each with the question as `flowlearn eval` asks it (answer instruction kept) and as the
 executor reads it (`bare_question`). A call is right when the tool's output holds the answer.
 
-Run: `python bench/executor_subgoals.py` (about 10 minutes on 2 cores).
+Run: `python bench/executor_subgoals.py [--cases FILE --corpus FILE]` (about 10 minutes on 2
+cores for the 48 held-out cases); `--cases` and `--corpus` run another tool-use set, e.g.
+`bench/outside_set.py`'s.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from flowlearn.evals.cases import with_answer_instruction
@@ -36,12 +40,12 @@ SUB_GOALS = {
 }
 
 
-async def main() -> None:
+async def main(args: argparse.Namespace) -> None:
     """Propose every case's call under every sub-goal and question text; print right calls."""
-    cases = [json.loads(line) for line in HELDOUT_FILE.read_text().splitlines()]
+    cases = [json.loads(line) for line in args.cases.read_text().splitlines()]
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     engine = HFChatModel(policy=policy, max_new_tokens=128)
-    tools = {t.name: t for t in default_tools(engine, corpus=str(CORPUS_FILE))}
+    tools = {t.name: t for t in default_tools(engine, corpus=str(args.corpus))}
 
     async def right(case: dict[str, Any], sub_goal: str, bare: bool) -> bool:
         tool = tools[case["tool"]]
@@ -72,12 +76,19 @@ async def main() -> None:
             kinds = [case["tool"] for case in cases]
             python = sum(r for r, k in zip(results, kinds, strict=True) if k == "python")
             search = sum(r for r, k in zip(results, kinds, strict=True) if k != "python")
+            n_python = kinds.count("python")
             print(
                 f"question {'bare' if bare else 'as asked'}, sub-goal {name:16}: python "
-                f"{python}/24, local_search {search}/24  ({time.perf_counter() - start:.0f} s)",
+                f"{python}/{n_python}, local_search {search}/{len(kinds) - n_python}  "
+                f"({time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
+            wrong = [c["question"] for c, r in zip(cases, results, strict=True) if not r]
+            print(f"  wrong: {wrong}", flush=True)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=Path, default=HELDOUT_FILE, help="tool-use cases (JSONL)")
+    parser.add_argument("--corpus", type=Path, default=CORPUS_FILE, help="their corpus (JSONL)")
+    asyncio.run(main(parser.parse_args()))
