@@ -117,8 +117,8 @@ async def main(args: argparse.Namespace) -> None:
         f"verifier STOP in {len(stops)}/{n}: {sum(r['tool_right'] for r in stops)} of the "
         f"{tool_right} whose tool result held the answer"
     )
-    out = RESULTS if kind == "question" else RESULTS.with_name(f"{RESULTS.stem}_{kind}.json")
-    out = args.out or out
+    default = RESULTS if kind == "question" else RESULTS.with_name(f"{RESULTS.stem}_{kind}.json")
+    out = args.out or default
     out.parent.mkdir(exist_ok=True)
     summary = {"cases": n, "plan": kind, "tool_right": tool_right, "answer_right": answer_right}
     out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
