@@ -45,7 +45,8 @@ FACTS = [
 ]  # fmt: skip
 
 
-# Another alphabet than `evals/tool_task.py`'s (h, w; ai, eo), so no name can repeat the task's.
+# Another alphabet than `evals/tool_task.py`'s (h, w; ai, eo): with seed 2026 no name of the
+# set's corpus appears in the task's.
 ONSETS = ["b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z"]
 VOWELS = ["a", "e", "i", "o", "u", "ai", "eo"]
 
