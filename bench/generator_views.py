@@ -98,6 +98,23 @@ UNTITLED_EXAMPLES = (
         KENYA_EXAMPLE[2],
     ),
 )
+QUANTITY = (
+    "How long is the Kora Bridge, in metres?",
+    [
+        {
+            "turn": 1,
+            "kind": "action",
+            "tool": "local_search",
+            "sub_goal": "Find the length of the Kora Bridge.",
+            "arguments": {"query": "Kora Bridge length"},
+            "result": "[1] (id: kora-bridge) Kora Bridge\nThe Kora Bridge is 412 metres long.\n\n"
+            "[2] (id: tana-dam) Tana Dam\nThe Tana Dam is 96 metres high.",
+            "error": None,
+        },
+        {"turn": 1, "kind": "verification", "verdict": "STOP"},
+    ],
+    "The first passage says the Kora Bridge is 412 metres long. <answer>412</answer>",
+)
 VIEWS = {  # arguments shown, passages, examples, the question as the generator reads it
     "arguments": (True, 5, TWO, str),
     "no-arguments": (False, 5, TWO, str),
@@ -113,8 +130,9 @@ VIEWS = {  # arguments shown, passages, examples, the question as the generator 
     "untitled": (False, -3, UNTITLED_EXAMPLES, bare_question),
     "untitled k=1": (False, -1, UNTITLED_EXAMPLES, bare_question),
     "no-sub-goal": (False, 3, GENERATOR_EXAMPLES, bare_question),
+    "quantity": (False, 3, (PYTHON_EXAMPLE, QUANTITY, AUTHOR, KENYA_EXAMPLE), bare_question),
 }
-HIDDEN_SUB_GOAL = {"no-sub-goal"}
+HIDDEN_SUB_GOAL = {"no-sub-goal", "quantity"}
 
 
 def replayed_memory(

@@ -69,24 +69,33 @@ def _single_argument_fallback(tool: BaseTool, text: str) -> dict[str, Any] | Non
 
 
 def call_example_turns(tool: BaseTool) -> list[dict[str, str]]:
-    """Return the tool's worked call (`metadata["call_example"]`) as an earlier chat turn pair.
+    """Return the tool's worked calls as earlier chat turn pairs, in their order.
 
-    The example (a question, context, sub-goal and the arguments wanted) is rendered by the
-    executor's own prompt, and the reply is the call in the engine's JSON convention, as plain
-    text, so any chat model can read it. None: no turns.
+    A tool carries them in `metadata["call_examples"]` (a list) or one in
+    `metadata["call_example"]`; each is a question, context, sub-goal and the arguments wanted.
+    Each is rendered by the executor's own prompt, and its reply is the call in the engine's JSON
+    convention, as plain text, so any chat model can read it. None: no turns.
     """
-    example = (tool.metadata or {}).get("call_example")
-    if not example:
-        return []
-    user = EXECUTOR_PROMPT.format(
-        tool=tool.name,
-        question=example["question"],
-        context=example["context"],
-        sub_goal=example["sub_goal"],
-        tool_description=describe_tool(tool),
-    )
-    call = json.dumps({"name": tool.name, "arguments": example["arguments"]}, ensure_ascii=False)
-    return [{"role": "user", "content": user}, {"role": "assistant", "content": call}]
+    metadata = tool.metadata or {}
+    if "call_example" in metadata and "call_examples" in metadata:
+        raise ValueError(
+            f"tool {tool.name!r} has both metadata['call_example'] and ['call_examples']; "
+            "keep one (a list of worked calls goes in 'call_examples')"
+        )
+    examples = metadata.get("call_examples") or [metadata.get("call_example")]
+    turns: list[dict[str, str]] = []
+    for example in filter(None, examples):
+        user = EXECUTOR_PROMPT.format(
+            tool=tool.name,
+            question=example["question"],
+            context=example["context"],
+            sub_goal=example["sub_goal"],
+            tool_description=describe_tool(tool),
+        )
+        arguments = example["arguments"]
+        call = json.dumps({"name": tool.name, "arguments": arguments}, ensure_ascii=False)
+        turns += [{"role": "user", "content": user}, {"role": "assistant", "content": call}]
+    return turns
 
 
 def call_with_timeout(tool: BaseTool, arguments: dict[str, Any], seconds: float) -> Any:

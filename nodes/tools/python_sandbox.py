@@ -10,6 +10,7 @@ runs code unisolated only when built with `isolation="none"`, which logs a warni
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import functools
 import logging
@@ -165,6 +166,27 @@ def usage_notes(limits: Limits, isolation: Isolation) -> str:
     )
 
 
+def _worked_call(question: str, code: str) -> dict[str, Any]:
+    sub_goal = "Compute the question's expression with code."  # the plan example's
+    return {"question": question, "context": question, "sub_goal": sub_goal,
+            "arguments": {"code": code}}  # fmt: skip
+
+
+CALL_EXAMPLES = (
+    _worked_call("Add up 8, 15 and 27.", "8 + 15 + 27"),
+    _worked_call("How much is 75 less than 620?", "620 - 75"),
+    _worked_call("What is 12 times 34?", "12 * 34"),
+)
+"""The python tool's worked calls for the executor: three operations, one worded in reverse
+order, under the sub-goal a planner copies from the plan example. Measured on the embedded
+SmolLM2 as the engine (`bench/executor_examples.py`), the code printing the exact answer under
+the trained planner's sub-goal ("Find passage that answers question.") / the plan example's:
+with "What is 12 times 34?" alone (sub-goal "Compute 12 * 34."), 21 / 21 of the 24 held-out
+arithmetic questions, 5 / 6 of 24 in other phrasings, 8 / 8 of `bench/outside_set.py`'s 12 (it
+copied `12 * 34` into sums and differences); with these three, 23 / 23, 18 / 18 and 11 / 11.
+"""
+
+
 def python_tool(
     *, isolation: Isolation = "bwrap", bwrap: str | None = None, **limits: Any
 ) -> BaseTool:
@@ -210,15 +232,7 @@ def python_tool(
                 "context": "The question gives the numbers.",
                 "sub_goal": "Compute the question's expression with code.",
             },
-            # The executor's worked call. Measured on the embedded SmolLM2 as the engine, with
-            # the held-out question as sub-goal: the code computed the answer in 21 of 24
-            # arithmetic questions with it, 4 without (it wrote the schema or a digit run).
-            "call_example": {
-                "question": "What is 12 times 34?",
-                "context": "What is 12 times 34?",
-                "sub_goal": "Compute 12 * 34.",
-                "arguments": {"code": "12 * 34"},
-            },
+            "call_examples": copy.deepcopy(list(CALL_EXAMPLES)),
         },
     )
 

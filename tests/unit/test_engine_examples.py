@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage, BaseMessage
 
 from fakes import FakeChatModel
@@ -116,9 +117,13 @@ def test_the_verifier_still_reads_the_tool_arguments() -> None:
 def test_the_python_and_search_tools_show_the_executor_a_worked_call() -> None:
     tools = {t.name: t for t in default_tools(None)}
     turns = call_example_turns(tools["python"])
-    assert [t["role"] for t in turns] == ["user", "assistant"]
-    assert json.loads(turns[1]["content"]) == {"name": "python", "arguments": {"code": "12 * 34"}}
-    assert "Sub-Goal: Compute 12 * 34." in turns[0]["content"]
+    assert [t["role"] for t in turns] == ["user", "assistant"] * 3
+    codes = [json.loads(t["content"])["arguments"]["code"] for t in turns[1::2]]
+    assert codes == ["8 + 15 + 27", "620 - 75", "12 * 34"]  # a sum, a reversed difference, ...
+    assert "Question: How much is 75 less than 620?" in turns[2]["content"]
+    assert all(
+        "Sub-Goal: Compute the question's expression with code." in t["content"] for t in turns[::2]
+    )
     search = call_example_turns(tools["local_search"])
     query = json.loads(search[1]["content"])["arguments"]["query"]
     assert query == "What is the capital of Kenya?"  # the question, word for word
@@ -133,5 +138,18 @@ def test_the_python_and_search_tools_show_the_executor_a_worked_call() -> None:
     }
     make_executor(recording("", seen), [tools["python"]])({**STATE, "plan": plan}, runtime())
     (messages,) = seen
-    assert [m.type for m in messages[:3]] == ["system", "human", "ai"]
+    assert [m.type for m in messages] == ["system", *["human", "ai"] * 3, "human"]
     assert "Sub-Goal: 5*7" in messages[-1].text  # the real call comes last
+
+
+def test_a_tool_may_carry_one_worked_call_but_not_both_keys() -> None:
+    (tool,) = [t for t in default_tools(None) if t.name == "python"]
+    one = {"question": "Q?", "context": "C", "sub_goal": "S", "arguments": {"code": "1 + 1"}}
+    tool.metadata = {"call_example": one}
+    turns = call_example_turns(tool)
+    assert json.loads(turns[1]["content"])["arguments"] == {"code": "1 + 1"}
+    tool.metadata = {"call_example": one, "call_examples": [one]}
+    with pytest.raises(ValueError, match="keep one"):
+        call_example_turns(tool)
+    tool.metadata = {}
+    assert call_example_turns(tool) == []
