@@ -42,11 +42,11 @@ from flowlearn.nodes.render import bare_question, memory_prompt
 from flowlearn.nodes.tools import python_tool
 from flowlearn.nodes.tools.local_search import local_search_tool
 
-PYTHON, AUTHOR, KENYA = GENERATOR_EXAMPLES
+PYTHON, _QUANTITY, AUTHOR, KENYA = GENERATOR_EXAMPLES
 SETS: dict[str, tuple[Any, bool]] = {  # examples, ordered per memory
     "before": ((PYTHON, KENYA), True),
-    "shipped": (GENERATOR_EXAMPLES, True),
-    "fixed order": (GENERATOR_EXAMPLES, False),
+    "shipped": ((PYTHON, AUTHOR, KENYA), True),
+    "fixed order": ((PYTHON, AUTHOR, KENYA), False),
     "python last": ((AUTHOR, KENYA, PYTHON), False),
 }
 RELATIONS = ("capital", "founded", "author", "inventor", "river", "height")

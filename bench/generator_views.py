@@ -11,7 +11,7 @@ it. The embedded SmolLM2 generator then answers from memory shown as:
 - `no-arguments k=3`: as `no-arguments`, 3 passages;
 - `two examples`: as `no-arguments k=3`, the question without its instruction
   (`bare_question`): what shipped until session 14;
-- `shipped`: as `two examples`, with the worked answers as they ship now (python's, an
+- `shipped`: as `two examples`, with the worked answers as they shipped in session 14 (python's, an
   author's, Kenya's; `generator.ordered_examples` orders every view's examples);
 - `restating reply`: as `two examples`, with the worked python answer restating the
   expression ("computed 12 * 34 and printed 408") as it once did;
@@ -27,7 +27,10 @@ it. The embedded SmolLM2 generator then answers from memory shown as:
 
 - `no-sub-goal`: as `shipped`, each step's sub-goal left out of memory (the trained planner's
   sub-goals are its plan example's, "Find the passage that answers the question.", which the
-  generator repeated as its answer).
+  generator repeated as its answer): what shipped in session 19;
+- `quantity`: as `no-sub-goal`, with the worked answers as they ship since session 20 (a
+  quantity asked in its unit, "How long is the Kora Bridge, in metres?", answered bare, before
+  the author's).
 
 `--plan example` replays instead the calls of `bench/engine_ceiling.py --plan example` (the
 tools' plan examples as sub-goals, shown in memory as such), and `--views a,b` runs only those.
@@ -69,7 +72,7 @@ SUB_GOALS = {
     tool.name: tool.metadata["plan_example"]["sub_goal"]
     for tool in (python_tool(), local_search_tool(CORPUS_FILE))
 }
-PYTHON_EXAMPLE, AUTHOR, KENYA_EXAMPLE = GENERATOR_EXAMPLES
+PYTHON_EXAMPLE, QUANTITY, AUTHOR, KENYA_EXAMPLE = GENERATOR_EXAMPLES
 TWO = (PYTHON_EXAMPLE, KENYA_EXAMPLE)
 """The worked answers shipped until session 14 (the views below were measured with them)."""
 _question, _memory, _ = PYTHON_EXAMPLE
@@ -98,29 +101,12 @@ UNTITLED_EXAMPLES = (
         KENYA_EXAMPLE[2],
     ),
 )
-QUANTITY = (
-    "How long is the Kora Bridge, in metres?",
-    [
-        {
-            "turn": 1,
-            "kind": "action",
-            "tool": "local_search",
-            "sub_goal": "Find the length of the Kora Bridge.",
-            "arguments": {"query": "Kora Bridge length"},
-            "result": "[1] (id: kora-bridge) Kora Bridge\nThe Kora Bridge is 412 metres long.\n\n"
-            "[2] (id: tana-dam) Tana Dam\nThe Tana Dam is 96 metres high.",
-            "error": None,
-        },
-        {"turn": 1, "kind": "verification", "verdict": "STOP"},
-    ],
-    "The first passage says the Kora Bridge is 412 metres long. <answer>412</answer>",
-)
 VIEWS = {  # arguments shown, passages, examples, the question as the generator reads it
     "arguments": (True, 5, TWO, str),
     "no-arguments": (False, 5, TWO, str),
     "no-arguments k=3": (False, 3, TWO, str),
     "two examples": (False, 3, TWO, bare_question),
-    "shipped": (False, 3, GENERATOR_EXAMPLES, bare_question),
+    "shipped": (False, 3, (PYTHON_EXAMPLE, AUTHOR, KENYA_EXAMPLE), bare_question),
     "restating reply": (False, 3, RESTATING, bare_question),
     "author example": (False, 3, (PYTHON_EXAMPLE, AUTHOR), bare_question),
     "three examples": (False, 3, (*TWO, AUTHOR), bare_question),
@@ -129,8 +115,8 @@ VIEWS = {  # arguments shown, passages, examples, the question as the generator 
     "k=2": (False, 2, TWO, bare_question),
     "untitled": (False, -3, UNTITLED_EXAMPLES, bare_question),
     "untitled k=1": (False, -1, UNTITLED_EXAMPLES, bare_question),
-    "no-sub-goal": (False, 3, GENERATOR_EXAMPLES, bare_question),
-    "quantity": (False, 3, (PYTHON_EXAMPLE, QUANTITY, AUTHOR, KENYA_EXAMPLE), bare_question),
+    "no-sub-goal": (False, 3, (PYTHON_EXAMPLE, AUTHOR, KENYA_EXAMPLE), bare_question),
+    "quantity": (False, 3, GENERATOR_EXAMPLES, bare_question),
 }
 HIDDEN_SUB_GOAL = {"no-sub-goal", "quantity"}
 

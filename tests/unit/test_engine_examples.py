@@ -54,19 +54,22 @@ def recording(text: str, seen: list[list[BaseMessage]]) -> FakeChatModel:
 
 
 def test_the_examples_of_the_memorys_last_tool_come_last_in_their_own_order() -> None:
-    python, author, kenya = GENERATOR_EXAMPLES
-    assert [e[0] for e in (author, kenya)] == [
+    python, quantity, author, kenya = GENERATOR_EXAMPLES
+    assert [e[0] for e in (quantity, author, kenya)] == [
+        "How long is the Kora Bridge, in metres?",
         "Who wrote the novel The Glass Road?",
         "What is the capital of Kenya?",
     ]
+    assert quantity[2].endswith("<answer>412</answer>")  # the number, not "412 metres"
     search = {**STATE["memory"][0], "tool": "local_search"}
-    assert ordered_examples([search], GENERATOR_EXAMPLES) == [python, author, kenya]
-    assert ordered_examples(STATE["memory"], GENERATOR_EXAMPLES) == [author, kenya, python]
+    assert ordered_examples([search], GENERATOR_EXAMPLES) == [python, quantity, author, kenya]
+    python_last = [quantity, author, kenya, python]
+    assert ordered_examples(STATE["memory"], GENERATOR_EXAMPLES) == python_last
     both = [STATE["memory"][0], search]  # the last call decides
-    assert ordered_examples(both, GENERATOR_EXAMPLES) == [python, author, kenya]
-    assert ordered_examples([], GENERATOR_EXAMPLES) == [python, author, kenya]
+    assert ordered_examples(both, GENERATOR_EXAMPLES) == [python, quantity, author, kenya]
+    assert ordered_examples([], GENERATOR_EXAMPLES) == [python, quantity, author, kenya]
     unknown = [{**search, "tool": "my_tool"}]
-    assert ordered_examples(unknown, GENERATOR_EXAMPLES) == [python, author, kenya]
+    assert ordered_examples(unknown, GENERATOR_EXAMPLES) == [python, quantity, author, kenya]
 
 
 def test_the_generator_sees_worked_answers_first_and_no_query_analysis() -> None:
