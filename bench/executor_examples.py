@@ -1,7 +1,7 @@
-"""Which worked calls the python tool should show the untrained engine as executor.
+"""Which worked calls the python and local_search tools should show the untrained engine.
 
-For each arithmetic question, the embedded SmolLM2 executor writes the `python` call under a
-planner's sub-goal, shown one of these sets of worked calls:
+`--tool python` (the default): for each arithmetic question, the embedded SmolLM2 executor
+writes the `python` call under a planner's sub-goal, shown one of these sets of worked calls:
 - `one`: the single call shipped until session 20 ("What is 12 times 34?" -> `12 * 34`, under
   the sub-goal "Compute 12 * 34.");
 - `shipped`: `python_sandbox.CALL_EXAMPLES` (a sum of three, a difference worded in reverse
@@ -12,8 +12,14 @@ arithmetic questions, 24 in phrasings neither the task nor the worked calls use 
 choose by), and with `--cases` another set's arithmetic (e.g. `bench/outside_set.py`'s, kept as
 a test). A call is right when the tool prints exactly the answer. Wrong calls are listed.
 
-Run: `python bench/executor_examples.py [--cases runs/outside/cases.jsonl]` (about 4 minutes on
-2 cores).
+`--tool local_search`: for each lookup (the 24 held-out, and `--cases`' on `--corpus`), the
+executor writes the query shown `one` (Kenya's call alone, shipped until session 20) or
+`shipped` (`local_search.CALL_QUESTIONS`), under the trained planner's sub-goal in two wordings
+it writes ("Find passage that answers question." and "Find the passage that answers the
+question."). A call is right when the first passage found holds the answer.
+
+Run: `python bench/executor_examples.py [--tool local_search] [--cases runs/outside/cases.jsonl
+--corpus runs/outside/corpus.jsonl]` (about 4 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -26,14 +32,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from langchain_core.tools import BaseTool
+
 from flowlearn.evals.arithmetic import evaluate, parse_expression
-from flowlearn.evals.tool_task import HELDOUT_FILE
+from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.nodes.catalogue import describe_tool
 from flowlearn.nodes.executor import call_example_turns, propose_arguments
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.prompts import EXECUTOR_PROMPT
 from flowlearn.nodes.render import prompt_messages
 from flowlearn.nodes.tools import default_tools
+from flowlearn.nodes.tools.local_search import CALL_QUESTIONS, local_search_tool
 from flowlearn.nodes.tools.python_sandbox import CALL_EXAMPLES
 
 OTHER_PHRASINGS = [
@@ -52,16 +61,38 @@ ONE = {
     "sub_goal": "Compute 12 * 34.",
     "arguments": {"code": "12 * 34"},
 }
-EXAMPLE_SETS = {"one": [ONE], "shipped": list(CALL_EXAMPLES)}
+TRAINED = (
+    "The question asks for passage that answers question.",
+    "Find passage that answers question.",
+)
+SEARCH = "Find the passage that answers the question."
+
+
+def lookup(question: str) -> dict[str, Any]:
+    """Return a worked `local_search` call whose query is its question."""
+    return {"question": question, "context": question, "sub_goal": SEARCH,
+            "arguments": {"query": question}}  # fmt: skip
+
+
+EXAMPLE_SETS = {
+    "python": {"one": [ONE], "shipped": list(CALL_EXAMPLES)},
+    "local_search": {
+        "one": [lookup("What is the capital of Kenya?")],
+        "shipped": [lookup(question) for question in CALL_QUESTIONS],
+    },
+}
 SUB_GOALS = {  # (context, sub-goal)
-    "trained": (
-        "The question asks for passage that answers question.",
-        "Find passage that answers question.",
-    ),
-    "plan-example": (
-        "The question gives the numbers.",
-        "Compute the question's expression with code.",
-    ),
+    "python": {
+        "trained": TRAINED,
+        "plan-example": (
+            "The question gives the numbers.",
+            "Compute the question's expression with code.",
+        ),
+    },
+    "local_search": {
+        "trained": TRAINED,
+        "trained-b": ("The question asks for a passage that answers the question.", SEARCH),
+    },
 }
 
 
@@ -80,25 +111,41 @@ def other_phrasings(n: int = 24, seed: int = 7) -> list[dict[str, str]]:
     return cases
 
 
-def arithmetic(path: Path) -> list[dict[str, Any]]:
-    """Return a tool-use set's python cases."""
+def needing(tool: str, path: Path) -> list[dict[str, Any]]:
+    """Return a tool-use set's cases that need `tool`."""
     cases = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [case for case in cases if case.get("tool") == "python"]
+    return [case for case in cases if case.get("tool") == tool]
+
+
+def right(tool: BaseTool, arguments: dict[str, Any], case: dict[str, Any]) -> bool:
+    """Whether python printed exactly the answer, or the first passage found holds it."""
+    try:
+        output = str(tool.invoke(arguments))
+    except Exception:  # arguments the tool cannot take: a wrong call
+        return False
+    if tool.name == "python":
+        return output.strip() == first_answer(case)
+    return first_answer(case).lower() in output.split("\n\n")[0].lower()
 
 
 async def main(args: argparse.Namespace) -> None:
     """Propose every question's call under every example set and sub-goal; print right calls."""
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     engine = HFChatModel(policy=policy, max_new_tokens=128)
-    tool = {t.name: t for t in default_tools(engine)}["python"]
-    groups = {"held-out": arithmetic(HELDOUT_FILE), "other phrasings": other_phrasings()}
+    if args.tool == "python":
+        tools = {"": {t.name: t for t in default_tools(engine)}["python"]}
+        groups = {"held-out": needing("python", HELDOUT_FILE), "other phrasings": other_phrasings()}
+    else:
+        tools = {"": local_search_tool(CORPUS_FILE)}
+        groups = {"held-out": needing("local_search", HELDOUT_FILE)}
     if args.cases:
-        groups[args.cases.name] = arithmetic(args.cases)
+        tools[args.cases.name] = local_search_tool(args.corpus) if args.corpus else tools[""]
+        groups[args.cases.name] = needing(args.tool, args.cases)
 
-    async def call(case: dict[str, Any], shown: list[dict[str, str]], plan: tuple[str, str]):
+    async def call(case: dict[str, Any], tool: BaseTool, shown: list[dict[str, str]], plan):
         context, sub_goal = plan
         user = EXECUTOR_PROMPT.format(
-            tool="python",
+            tool=tool.name,
             question=case["question"],
             context=context,
             sub_goal=sub_goal,
@@ -110,19 +157,20 @@ async def main(args: argparse.Namespace) -> None:
         )
         if not arguments:
             return False, raw
-        printed = str(tool.invoke(arguments)).strip()
-        return printed == case["answer"], arguments.get("code")
+        return right(tool, arguments, case), next(iter(arguments.values()), None)
 
-    for set_name, examples in EXAMPLE_SETS.items():
-        tool.metadata = {**(tool.metadata or {}), "call_examples": examples}
-        shown = call_example_turns(tool)
-        for plan_name, plan in SUB_GOALS.items():
+    for set_name, examples in EXAMPLE_SETS[args.tool].items():
+        for plan_name, plan in SUB_GOALS[args.tool].items():
             start, counts, wrong = time.perf_counter(), [], []
             for group, cases in groups.items():
-                results = await asyncio.gather(*(call(case, shown, plan) for case in cases))
+                tool = tools.get(group, tools[""])
+                metadata = {k: v for k, v in (tool.metadata or {}).items() if k != "call_example"}
+                tool.metadata = {**metadata, "call_examples": examples}
+                shown = call_example_turns(tool)
+                results = await asyncio.gather(*(call(c, tool, shown, plan) for c in cases))
                 counts.append(f"{group} {sum(ok for ok, _ in results)}/{len(cases)}")
                 pairs = zip(cases, results, strict=True)
-                wrong += [(case["question"], code) for case, (ok, code) in pairs if not ok]
+                wrong += [(case["question"], got) for case, (ok, got) in pairs if not ok]
             seconds = time.perf_counter() - start
             print(f"{set_name:8} sub-goal {plan_name:12}: {', '.join(counts)}  ({seconds:.0f} s)")
             print(f"  wrong: {wrong}", flush=True)
@@ -130,5 +178,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tool", choices=("python", "local_search"), default="python")
     parser.add_argument("--cases", type=Path, help="another tool-use set (JSONL) to test on")
+    parser.add_argument("--corpus", type=Path, help="its corpus, for --tool local_search")
     asyncio.run(main(parser.parse_args()))

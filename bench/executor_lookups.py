@@ -5,7 +5,7 @@ tool-use task, under the plan the untrained planner copies (the tool's own plan 
 sub-goal "Find the passage that answers the question."). Each set-up changes only what the
 executor is shown of the tool:
 - `shipped`: the tool as it ships;
-- `no-example`: its worked call (`metadata["call_example"]`) removed;
+- `no-example`: its worked calls (`metadata["call_examples"]`) removed;
 - `notes`: no worked call, the usage notes saying "Use the question's own words as the query.".
 
 Prints, per set-up, how often the passage holding the answer came back, and how often first.
@@ -39,7 +39,7 @@ def search_tool(setup: str) -> BaseTool:
     tool = local_search_tool(CORPUS_FILE)
     metadata = copy.deepcopy(tool.metadata or {})
     if setup != "shipped":
-        metadata.pop("call_example", None)
+        metadata.pop("call_examples", None)
     if setup == "notes":
         metadata["usage_notes"] = "Use the question's own words as the query."
     tool.metadata = metadata
