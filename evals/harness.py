@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,7 @@ def run_eval(
     results_path: str | Path | None = None,
     context: Any = None,
     progress: bool = True,
+    states_path: str | Path | None = None,
 ) -> list[CaseResult]:
     """Run every case through the graph and score its answer.
 
@@ -91,6 +92,8 @@ def run_eval(
             new result is appended durably as soon as it is known.
         context: the graph's `Context` for every run.
         progress: show a tqdm progress bar.
+        states_path: a JSONL file to append each freshly run case's final state to (its id,
+            score, memory, answer and transitions), to see why it scored as it did.
 
     A case whose run raises is recorded with score 0 and the error; it never stops the eval.
 
@@ -100,10 +103,16 @@ def run_eval(
         raise ValueError("case ids must be unique; duplicates would make resuming ambiguous")
     graph = graph_or_factory if hasattr(graph_or_factory, "invoke") else graph_or_factory()
     file = JsonlFile(results_path) if results_path is not None else None
+    states = JsonlFile(states_path) if states_path is not None else None
+
+    def keep(case: Case, state: dict[str, Any], score: Score) -> None:
+        if states is not None:
+            states.append({"id": case.id, "score": score.value, **state})
+
     done = {r.id: r for r in read_results(file.path)} if file else {}
     fresh = run_resumable(
         {case.id: case for case in cases},
-        lambda case: run_case(graph, case, scorer, context),
+        lambda case: run_case(graph, case, scorer, context, keep=keep),
         done=done,
         save=(lambda result: file.append(asdict(result))) if file else None,
         concurrency=concurrency,
@@ -115,8 +124,17 @@ def run_eval(
     return [merged[case.id] for case in cases if case.id in merged]
 
 
-def run_case(graph: Any, case: Case, scorer: CaseScorer, context: Any = None) -> CaseResult:
+def run_case(
+    graph: Any,
+    case: Case,
+    scorer: CaseScorer,
+    context: Any = None,
+    *,
+    keep: Callable[[Case, dict[str, Any], Score], object] | None = None,
+) -> CaseResult:
     """Run one case through the graph and score it; a failed run is a result with its error.
+
+    `keep`, when given, is called with the case, its final state and its score.
 
     The error is recorded with known secrets redacted (`flowlearn.nodes.secrets`).
     """
@@ -124,6 +142,8 @@ def run_case(graph: Any, case: Case, scorer: CaseScorer, context: Any = None) ->
     try:
         state = graph.invoke({"question": case.query}, context=context)
         score = scorer(state.get("answer", ""), case)
+        if keep is not None:
+            keep(case, state, score)
         return summarize_run(case, state, score, time.perf_counter() - start)
     except Exception as exc:
         return CaseResult(

@@ -35,6 +35,11 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--judge", help="model for an LLM judge instead of the rule scorer")
     parser.add_argument("--out", type=Path, help="output folder (default: runs/eval-NAME)")
     parser.add_argument("--concurrency", type=int, default=2, help="cases in flight (2)")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        help="append each case's final state (memory, answer, transitions) to this JSONL file",
+    )
     add_flow_options(parser)
 
 
@@ -42,6 +47,8 @@ def eval_command(args: argparse.Namespace) -> int:
     """Evaluate and report."""
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.save is not None and args.save.is_dir():
+        raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
     spec = spec_from_args(args)
     name, cases, scorer, bench = cases_and_scorer(args, spec)
     flow = build_flow(spec, context_from_args(args))
@@ -53,6 +60,7 @@ def eval_command(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         results_path=out / "results.jsonl",
         context=flow.context,
+        states_path=args.save,
     )
     summary = write_reports(
         results,

@@ -66,6 +66,26 @@ def test_harness_over_20_cases_writes_reports_and_plot(tmp_path: Path) -> None:
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_each_case_final_state_is_kept_when_asked(tmp_path: Path) -> None:
+    cases = [Case(str(i), f"q{i}", "paris" if i else "london") for i in range(3)]
+    states = tmp_path / "states.jsonl"
+    run_eval(
+        scripted_graph(),
+        cases,
+        lambda a, c: score_case("exact_match", a, c),
+        concurrency=2,
+        context=Context(max_turns=3),
+        progress=False,
+        states_path=states,
+    )
+    rows = {row["id"]: row for row in map(json.loads, states.read_text().splitlines())}
+    assert sorted(rows) == ["0", "1", "2"]
+    assert [rows[i]["score"] for i in "012"] == [0.0, 1.0, 1.0]
+    action = next(r for r in rows["1"]["memory"] if r["kind"] == "action")
+    assert action["tool"] == "lookup" and action["result"] == "paris"
+    assert rows["1"]["answer"] == "paris" and rows["1"]["transitions"]  # the exact calls too
+
+
 def test_failed_runs_are_recorded_not_raised(tmp_path: Path) -> None:
     def explode(question: object) -> str:
         raise RuntimeError("model crashed")
@@ -140,9 +160,12 @@ def test_token_f1_is_reachable_from_eval_collect_and_training(
     data.write_text(json.dumps({"id": "1", "question": "Capital of France?", "answer": "Paris"}))
     small = ["--planner", str(tiny_model_dir), "--max-turns", "1", "--max-new-tokens", "8"]
     small += ["--engine-max-new-tokens", "8", "--data", str(data), "--scorer", "token_f1"]
-    assert main(["eval", *small, "--out", str(tmp_path / "eval")]) == 0
+    states = tmp_path / "states.jsonl"
+    assert main(["eval", *small, "--out", str(tmp_path / "eval"), "--save", str(states)]) == 0
     (result,) = read_results(tmp_path / "eval" / "results.jsonl")
     assert result.reason.startswith("F1 ")
+    (state,) = map(json.loads, states.read_text().splitlines())  # --save: the final state
+    assert state["id"] == "1" and state["score"] == result.score and state["transitions"]
     store = tmp_path / "rollouts.jsonl"
     assert main(["collect", *small, "--group-size", "1", "--out", str(store)]) == 0
     (trajectory,) = TrajectoryStore(store).load()
@@ -169,6 +192,7 @@ def test_an_unknown_scorer_fails_before_any_work() -> None:
         (["--data", "x.json"], "--data needs --scorer"),
         (["--benchmark", "medqa", "--limit", "0"], "--limit must be >= 1"),
         (["--data", "/nope.json", "--scorer", "exact_match"], "is not a file"),
+        (["--benchmark", "medqa", "--save", "/tmp"], "--save /tmp is a folder"),
     ],
 )
 def test_eval_cli_bad_input(
