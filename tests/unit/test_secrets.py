@@ -88,8 +88,18 @@ def test_no_key_appears_in_any_file_or_output_of_a_run(
             "exact_match",
             *small,
         ],
-        ["eval", "--data", str(cases), "--scorer", "exact_match", "--out", "out/eval"]
-        + ["--save", "out/eval-states.jsonl", *small],
+        [
+            "eval",
+            "--data",
+            str(cases),
+            "--scorer",
+            "exact_match",
+            "--out",
+            "out/eval",
+            "--save",
+            "out/eval-states.jsonl",
+            *small,
+        ],
         [
             "train",
             "--data",
