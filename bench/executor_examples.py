@@ -42,8 +42,9 @@ from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.prompts import EXECUTOR_PROMPT
 from flowlearn.nodes.render import prompt_messages
 from flowlearn.nodes.tools import default_tools
-from flowlearn.nodes.tools.local_search import CALL_QUESTIONS, local_search_tool
-from flowlearn.nodes.tools.python_sandbox import CALL_EXAMPLES
+from flowlearn.nodes.tools.local_search import PLAN_SUB_GOAL as SEARCH
+from flowlearn.nodes.tools.local_search import local_search_tool
+from flowlearn.nodes.tools.python_sandbox import PLAN_SUB_GOAL as COMPUTE
 
 OTHER_PHRASINGS = [
     ("{a} + {b}", "What is the total of {a} and {b}?"),
@@ -65,20 +66,14 @@ TRAINED = (
     "The question asks for passage that answers question.",
     "Find passage that answers question.",
 )
-SEARCH = "Find the passage that answers the question."
-
-
-def lookup(question: str) -> dict[str, Any]:
-    """Return a worked `local_search` call whose query is its question."""
-    return {"question": question, "context": question, "sub_goal": SEARCH,
-            "arguments": {"query": question}}  # fmt: skip
-
-
-EXAMPLE_SETS = {
-    "python": {"one": [ONE], "shipped": list(CALL_EXAMPLES)},
+KENYA = "What is the capital of Kenya?"
+EXAMPLE_SETS = {  # the shipped sets are read from the tools' metadata
+    "python": {"one": [ONE], "shipped": None},
     "local_search": {
-        "one": [lookup("What is the capital of Kenya?")],
-        "shipped": [lookup(question) for question in CALL_QUESTIONS],
+        "one": [
+            {"question": KENYA, "context": KENYA, "sub_goal": SEARCH, "arguments": {"query": KENYA}}
+        ],
+        "shipped": None,
     },
 }
 SUB_GOALS = {  # (context, sub-goal)
@@ -86,7 +81,7 @@ SUB_GOALS = {  # (context, sub-goal)
         "trained": TRAINED,
         "plan-example": (
             "The question gives the numbers.",
-            "Compute the question's expression with code.",
+            COMPUTE,
         ),
     },
     "local_search": {
@@ -159,14 +154,17 @@ async def main(args: argparse.Namespace) -> None:
             return False, raw
         return right(tool, arguments, case), next(iter(arguments.values()), None)
 
+    shipped = {id(tool): call_example_turns(tool) for tool in tools.values()}  # before any swap
     for set_name, examples in EXAMPLE_SETS[args.tool].items():
         for plan_name, plan in SUB_GOALS[args.tool].items():
             start, counts, wrong = time.perf_counter(), [], []
             for group, cases in groups.items():
                 tool = tools.get(group, tools[""])
-                metadata = {k: v for k, v in (tool.metadata or {}).items() if k != "call_example"}
-                tool.metadata = {**metadata, "call_examples": examples}
-                shown = call_example_turns(tool)
+                shown = shipped[id(tool)]
+                if examples is not None:
+                    kept = {k: v for k, v in tool.metadata.items() if k != "call_examples"}
+                    tool.metadata = {**kept, "call_examples": examples}
+                    shown = call_example_turns(tool)
                 results = await asyncio.gather(*(call(c, tool, shown, plan) for c in cases))
                 counts.append(f"{group} {sum(ok for ok, _ in results)}/{len(cases)}")
                 pairs = zip(cases, results, strict=True)

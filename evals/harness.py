@@ -103,10 +103,11 @@ def run_eval(
         raise ValueError("case ids must be unique; duplicates would make resuming ambiguous")
     graph = graph_or_factory if hasattr(graph_or_factory, "invoke") else graph_or_factory()
     file = JsonlFile(results_path) if results_path is not None else None
-    states = JsonlFile(states_path) if states_path is not None else None
+    keep = None
+    if states_path is not None:
+        states = JsonlFile(states_path)
 
-    def keep(case: Case, state: dict[str, Any], score: Score) -> None:
-        if states is not None:
+        def keep(case: Case, state: dict[str, Any], score: Score) -> None:
             states.append({"id": case.id, "score": score.value, **state})
 
     done = {r.id: r for r in read_results(file.path)} if file else {}

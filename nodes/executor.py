@@ -83,8 +83,14 @@ def call_example_turns(tool: BaseTool) -> list[dict[str, str]]:
             "keep one (a list of worked calls goes in 'call_examples')"
         )
     examples = metadata.get("call_examples") or [metadata.get("call_example")]
+    examples = [example for example in examples if example]
+    if not all(isinstance(example, dict) for example in examples):
+        raise ValueError(
+            f"tool {tool.name!r}: metadata['call_examples'] must be a list of dicts with "
+            "'question', 'context', 'sub_goal' and 'arguments'"
+        )
     turns: list[dict[str, str]] = []
-    for example in filter(None, examples):
+    for example in examples:
         user = EXECUTOR_PROMPT.format(
             tool=tool.name,
             question=example["question"],

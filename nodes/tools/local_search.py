@@ -121,10 +121,8 @@ alone, and 12 and 12 of `bench/outside_set.py`'s 12 against 12 and 11
 (`bench/executor_examples.py --tool local_search`)."""
 
 
-def _worked_call(question: str) -> dict[str, object]:
-    sub_goal = "Find the passage that answers the question."  # the plan example's
-    return {"question": question, "context": question, "sub_goal": sub_goal,
-            "arguments": {"query": question}}  # fmt: skip
+PLAN_SUB_GOAL = "Find the passage that answers the question."
+"""The plan example's sub-goal, and the worked calls' (a small planner copies it whole)."""
 
 
 def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 3) -> BaseTool:
@@ -159,8 +157,11 @@ def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 3) -> BaseTool
             "plan_example": {
                 "justification": "The question asks for a fact the documents hold.",
                 "context": "The question names what to look up.",
-                "sub_goal": "Find the passage that answers the question.",
+                "sub_goal": PLAN_SUB_GOAL,
             },
-            "call_examples": [_worked_call(q) for q in CALL_QUESTIONS],
+            "call_examples": [
+                {"question": q, "context": q, "sub_goal": PLAN_SUB_GOAL, "arguments": {"query": q}}
+                for q in CALL_QUESTIONS
+            ],
         },
     )

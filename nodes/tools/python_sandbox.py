@@ -10,7 +10,6 @@ runs code unisolated only when built with `isolation="none"`, which logs a warni
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import functools
 import logging
@@ -166,24 +165,22 @@ def usage_notes(limits: Limits, isolation: Isolation) -> str:
     )
 
 
-def _worked_call(question: str, code: str) -> dict[str, Any]:
-    sub_goal = "Compute the question's expression with code."  # the plan example's
-    return {"question": question, "context": question, "sub_goal": sub_goal,
-            "arguments": {"code": code}}  # fmt: skip
-
+PLAN_SUB_GOAL = "Compute the question's expression with code."
+"""The plan example's sub-goal, and the worked calls' (a small planner copies it whole)."""
 
 CALL_EXAMPLES = (
-    _worked_call("Add up 8, 15 and 27.", "8 + 15 + 27"),
-    _worked_call("How much is 75 less than 620?", "620 - 75"),
-    _worked_call("What is 12 times 34?", "12 * 34"),
+    ("Add up 8, 15 and 27.", "8 + 15 + 27"),
+    ("How much is 75 less than 620?", "620 - 75"),
+    ("What is 12 times 34?", "12 * 34"),
 )
-"""The python tool's worked calls for the executor: three operations, one worded in reverse
-order, under the sub-goal a planner copies from the plan example. Measured on the embedded
-SmolLM2 as the engine (`bench/executor_examples.py`), the code printing the exact answer under
-the trained planner's sub-goal ("Find passage that answers question.") / the plan example's:
-with "What is 12 times 34?" alone (sub-goal "Compute 12 * 34."), 21 / 21 of the 24 held-out
-arithmetic questions, 5 / 6 of 24 in other phrasings, 8 / 8 of `bench/outside_set.py`'s 12 (it
-copied `12 * 34` into sums and differences); with these three, 23 / 23, 18 / 18 and 11 / 11.
+"""The python tool's worked calls for the executor (question, code): three operations, one worded
+in reverse order, under the sub-goal a planner copies from the plan example. Measured on the
+embedded SmolLM2 as the engine (`bench/executor_examples.py`), the code printing the exact
+answer under the trained planner's sub-goal ("Find passage that answers question.") / the plan
+example's: with "What is 12 times 34?" alone (sub-goal "Compute 12 * 34."), 21 / 21 of the 24
+held-out arithmetic questions, 5 / 6 of 24 in other phrasings, 8 / 8 of `bench/outside_set.py`'s
+12 (it copied `12 * 34` into sums and differences); with these three, 23 / 23, 18 / 18 and 11 /
+11.
 """
 
 
@@ -230,9 +227,12 @@ def python_tool(
             "plan_example": {
                 "justification": "The question needs an exact result, which code computes.",
                 "context": "The question gives the numbers.",
-                "sub_goal": "Compute the question's expression with code.",
+                "sub_goal": PLAN_SUB_GOAL,
             },
-            "call_examples": copy.deepcopy(list(CALL_EXAMPLES)),
+            "call_examples": [
+                {"question": q, "context": q, "sub_goal": PLAN_SUB_GOAL, "arguments": {"code": c}}
+                for q, c in CALL_EXAMPLES
+            ],
         },
     )
 

@@ -158,3 +158,6 @@ def test_a_tool_may_carry_one_worked_call_but_not_both_keys() -> None:
         call_example_turns(tool)
     tool.metadata = {}
     assert call_example_turns(tool) == []
+    tool.metadata = {"call_examples": one}  # one call given where a list belongs
+    with pytest.raises(ValueError, match="must be a list of dicts"):
+        call_example_turns(tool)
