@@ -7,6 +7,7 @@ defaults. This set stands in for it: phrasings and relations the shipped task
 currency of ...?"), invented names from another seed, and a corpus of its own. Usage:
 
     python bench/outside_set.py --out runs/outside
+    python bench/outside_set.py --relations dev --seed 7 --out runs/dev  # a set to tune on
     flowlearn eval --data runs/outside/cases.jsonl --corpus runs/outside/corpus.jsonl \\
         --scorer exact_match --planner default --out runs/eval-outside-default
 """
@@ -43,6 +44,31 @@ FACTS = [
     ("The {entity} comet was discovered in {answer}.",
      "In which year was the {entity} comet discovered?", "{name}", "year"),
 ]  # fmt: skip
+# A third set of relations and phrasings, to choose prompts on (`--relations dev`), so that the
+# outside set stays a test: answers first, in the middle and last in their passage.
+DEV_ARITHMETIC = [
+    ("{b} - {a}", "What is {b} minus {a}?"),  # negative: a > b
+    ("{a} + {b}", "Add {a} to {b}."),
+    ("{a} * {b}", "What is the product of {a} and {b}?"),
+    ("{b} - {a}", "How much is {b} take away {a}?"),
+]
+DEV_FACTS = [
+    ("The official language of {entity} is {answer}.",
+     "What is the official language of {entity}?", "{name}ia", "word"),
+    ("The {entity} Company was founded by {answer}.", "Who founded the {entity} Company?",
+     "{name}", "person"),
+    ("The {entity} Tower is {answer} metres tall.", "How tall is the {entity} Tower, in metres?",
+     "{name}", "number"),
+    ("{answer} is the largest city in {entity}.", "What is the largest city in {entity}?",
+     "{name}ia", "word"),
+    ("The {entity} Treaty was signed in {answer}.", "In what year was the {entity} Treaty signed?",
+     "{name}", "year"),
+    ("The national animal of {entity} is the {answer}.",
+     "What is the national animal of {entity}?", "{name}ia", "word"),
+    ("{entity} is a film directed by {answer}.", "Who directed the film {entity}?",
+     "The {name} Road", "person"),
+]  # fmt: skip
+RELATIONS = {"outside": (ARITHMETIC, FACTS), "dev": (DEV_ARITHMETIC, DEV_FACTS)}
 
 
 # Another alphabet than `evals/tool_task.py`'s (h, w; ai, eo): with seed 2026 no name of the
@@ -65,27 +91,30 @@ def _answer(kind: str, rng: random.Random) -> str:
     return _word(rng, 2)
 
 
-def build(seed: int = 2026, per_kind: int = 12) -> tuple[list[dict[str, Any]], list[dict]]:
+def build(
+    seed: int = 2026, per_kind: int = 12, relations: str = "outside"
+) -> tuple[list[dict[str, Any]], list[dict]]:
     """Return the cases (arithmetic and lookups interleaved) and the lookups' corpus."""
+    arithmetic, facts = RELATIONS[relations]
     rng = random.Random(seed)
     cases, corpus, used = [], [], set()
     for i in range(per_kind):
-        expression, question = ARITHMETIC[i % len(ARITHMETIC)]
+        expression, question = arithmetic[i % len(arithmetic)]
         numbers = {"a": rng.randint(1000, 99999), "b": rng.randint(101, 9999)}
         if "*" in expression:
             numbers = {"a": rng.randint(101, 999), "b": rng.randint(11, 999)}
         value = evaluate(parse_expression(expression.format(**numbers)))  # integers: exact
-        cases.append({"id": f"outside-math-{i}", "question": question.format(**numbers),
+        cases.append({"id": f"{relations}-math-{i}", "question": question.format(**numbers),
                       "answer": str(value), "kind": "arithmetic", "tool": "python"})  # fmt: skip
-        passage, question, form, kind = FACTS[i % len(FACTS)]
+        passage, question, form, kind = facts[i % len(facts)]
         name = _word(rng, 2)
         while name in used:
             name = _word(rng, 2)
         used.add(name)
         entity, answer = form.format(name=name), _answer(kind, rng)
-        corpus.append({"id": f"outside-{i}", "title": entity,
+        corpus.append({"id": f"{relations}-{i}", "title": entity,
                        "text": passage.format(entity=entity, answer=answer)})  # fmt: skip
-        cases.append({"id": f"outside-fact-{i}", "question": question.format(entity=entity),
+        cases.append({"id": f"{relations}-fact-{i}", "question": question.format(entity=entity),
                       "answer": answer, "kind": "lookup", "tool": "local_search"})  # fmt: skip
     return cases, corpus
 
@@ -94,8 +123,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/outside"))
     parser.add_argument("--per-kind", type=int, default=12)
+    parser.add_argument("--relations", choices=sorted(RELATIONS), default="outside")
+    parser.add_argument("--seed", type=int, default=2026)
     args = parser.parse_args()
-    cases, corpus = build(per_kind=args.per_kind)
+    cases, corpus = build(args.seed, args.per_kind, args.relations)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, records in (("cases", cases), ("corpus", corpus)):
         text = "".join(json.dumps(record) + "\n" for record in records)

@@ -10,7 +10,7 @@ and the transition's notes say which.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langgraph.types import RetryPolicy
@@ -73,6 +73,20 @@ def ordered_examples(memory: Sequence[StepRecord], examples: Sequence[Example]) 
     return sorted(examples, key=matches)
 
 
+def generator_messages(
+    state: Mapping[str, Any], examples: Sequence[Example] = GENERATOR_EXAMPLES
+) -> list[dict[str, str]]:
+    """Return the generator's prompt: the worked answers, then the question and its memory.
+
+    The question is read without its answer instruction (`render.bare_question`), the memory
+    without arguments or sub-goals (`prompts.GENERATOR_PROMPT` says why), and the examples of
+    the memory's last tool come last (`ordered_examples`).
+    """
+    asked = {**state, "question": bare_question(state["question"])}
+    shown = ordered_examples(state.get("memory", []), examples)
+    return memory_prompt(GENERATOR_PROMPT, asked, shown, arguments=False, sub_goals=False)
+
+
 def make_generator(
     engine: BaseChatModel, *, retry: RetryPolicy | None = ENGINE_RETRY
 ) -> Callable[..., dict[str, Any]]:
@@ -80,11 +94,7 @@ def make_generator(
     ask = role_call(engine, retry, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP])
 
     def generator(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-        asked = {**state, "question": bare_question(state["question"])}
-        examples = ordered_examples(state.get("memory", []), GENERATOR_EXAMPLES)
-        messages = memory_prompt(
-            GENERATOR_PROMPT, asked, examples, arguments=False, sub_goals=False
-        )
+        messages = generator_messages(state)
         reply = ask(messages)
         text = reply.error if reply.error is not None else closed_reply(reply)
         read = read_answer(text if reply.error is None else "")
