@@ -68,12 +68,11 @@ def test_answers_are_right_and_every_lookup_finds_its_passage_first() -> None:
 def test_its_recipe_is_the_shipped_planners_with_only_the_data_changed() -> None:
     from flowlearn.training.config import parse_config
 
-    examples = Path(__file__).parents[2] / "examples"
-    shipped = vars(parse_config(["--config", str(examples / "learn_tools.yaml")]))
-    diverse = vars(parse_config(["--config", str(examples / "learn_tools_diverse.yaml")]))
+    root = Path(__file__).parents[2]  # the recipes name their files from the repo root
+    shipped = vars(parse_config(["--config", str(root / "examples" / "learn_tools.yaml")]))
+    diverse = vars(parse_config(["--config", str(root / "bench" / "learn_tools_diverse.yaml")]))
     changed = {key for key in shipped if shipped[key] != diverse[key]}
     assert changed - {"distributed_state"} == {"data", "corpus", "output_dir"}, changed
-    root = examples.parent  # the recipe names its files from the repo root
     for key, path in (("data", tool_task_diverse.TRAIN_DIVERSE_FILE),
                       ("corpus", tool_task_diverse.CORPUS_DIVERSE_FILE)):  # fmt: skip
         assert (root / diverse[key]).read_text() == path.read_text(), key
