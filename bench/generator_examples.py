@@ -18,9 +18,11 @@ Sets of worked answers:
 - `answers last`: the currency's added and Kenya's passage reworded so that every answer ends
   its sentence ("The capital of Kenya is Nairobi.");
 - `untitled`: every passage shown without its id and title line, the examples' too;
-- `bare replies`: each reply only the tagged answer; `question echo`: each lookup reply opening
-  with what the question asks for ("The question asks for the capital of Kenya."): lookups
-  right on every set (task 61/72, dev 13/21, outside 10/12) but arithmetic 64/71.
+- `bare replies`: each reply only the tagged answer.
+Since session 21 the node opens its own tool's worked lookup replies with what the question asks
+for ("The question asks for the capital of Kenya.", `generator.echoed`), in every set here;
+measured as the set `question echo` before it shipped: lookups task 61/72, dev 13/21, outside
+10/12 (shipped then: 56, 12, 7); echoed in every memory, arithmetic fell to 64/71.
 
 Session 14 (task set): before: lookups 40/72 (authors 1/12), arithmetic 71/72; session 14's
 three: 57/72 and 72/72; python's last for lookups: 9/72; Kenya's last for arithmetic: 48/72.
@@ -111,15 +113,6 @@ def untitled(steps: Any) -> Any:
 SETS["untitled"] = tuple((q, untitled(m), r) for q, m, r in GENERATOR_EXAMPLES)
 _TAGS = re.compile(r"<answer>.*</answer>")
 SETS["bare replies"] = tuple((q, m, _TAGS.search(r)[0]) for q, m, r in GENERATOR_EXAMPLES)  # type: ignore[index]
-_ASKED = {  # what each worked lookup's question asks for
-    "How long is the Kora Bridge, in metres?": "the length of the Kora Bridge",
-    "Who wrote the novel The Glass Road?": "the author of The Glass Road",
-    "What is the capital of Kenya?": "the capital of Kenya",
-}
-SETS["question echo"] = tuple(
-    (q, m, f"The question asks for {_ASKED[q]}. {r}" if q in _ASKED else r)
-    for q, m, r in GENERATOR_EXAMPLES
-)
 RELATIONS = ("capital", "founded", "author", "inventor", "river", "height")
 
 

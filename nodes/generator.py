@@ -19,6 +19,7 @@ from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies.engine_calls import EngineReply, role_call
 from flowlearn.nodes.prompts import (
     ANSWER_STOP,
+    GENERATOR_ASKS,
     GENERATOR_EXAMPLES,
     GENERATOR_MAX_TOKENS,
     GENERATOR_PROMPT,
@@ -63,14 +64,35 @@ def ordered_examples(memory: Sequence[StepRecord], examples: Sequence[Example]) 
     A small engine copies the last worked answer it is shown (`prompts.GENERATOR_EXAMPLES`), so
     the one closest to the memory comes last; a memory with no tool call keeps the order.
     """
-    tools = [r.get("tool") for r in memory if r.get("kind") == "action" and r.get("tool")]
-    if not tools:
+    tool = _last_tool(memory)
+    if tool is None:
         return list(examples)
+    return sorted(examples, key=lambda example: _uses(example, tool))
 
-    def matches(example: Example) -> bool:
-        return any(r.get("tool") == tools[-1] for r in example[1])
 
-    return sorted(examples, key=matches)
+def _last_tool(memory: Sequence[StepRecord]) -> str | None:
+    tools = [r.get("tool") for r in memory if r.get("kind") == "action" and r.get("tool")]
+    return str(tools[-1]) if tools else None
+
+
+def _uses(example: Example, tool: str) -> bool:
+    return any(r.get("tool") == tool for r in example[1])
+
+
+def echoed(memory: Sequence[StepRecord], examples: Sequence[Example]) -> list[Example]:
+    """Return `examples`, those of the memory's last tool opening with what their question asks.
+
+    `prompts.GENERATOR_ASKS` holds the openings. Only the memory's own tool's examples get
+    them: with every lookup example echoed, the engine answering python's result after them
+    got 64 of 71 arithmetic answers right against 71 (bench/results/generator_examples.txt).
+    """
+    tool = _last_tool(memory)
+    return [
+        (q, steps, f"The question asks for {GENERATOR_ASKS[q]}. {reply}")
+        if tool is not None and q in GENERATOR_ASKS and _uses((q, steps, reply), tool)
+        else (q, steps, reply)
+        for q, steps, reply in examples
+    ]
 
 
 def generator_messages(
@@ -80,10 +102,12 @@ def generator_messages(
 
     The question is read without its answer instruction (`render.bare_question`), the memory
     without arguments or sub-goals (`prompts.GENERATOR_PROMPT` says why), and the examples of
-    the memory's last tool come last (`ordered_examples`).
+    the memory's last tool come last (`ordered_examples`), opening with what their question asks
+    for (`echoed`).
     """
     asked = {**state, "question": bare_question(state["question"])}
-    shown = ordered_examples(state.get("memory", []), examples)
+    memory = state.get("memory", [])
+    shown = echoed(memory, ordered_examples(memory, examples))
     return memory_prompt(GENERATOR_PROMPT, asked, shown, arguments=False, sub_goals=False)
 
 

@@ -258,6 +258,17 @@ first reply only names the printed number: when it restated the expression ("com
 printed 408"), the engine recomputed sums in its head: 18 of 24 arithmetic answers right against
 20 with the shorter reply."""
 
+GENERATOR_ASKS = {
+    "How long is the Kora Bridge, in metres?": "the length of the Kora Bridge",
+    "Who wrote the novel The Glass Road?": "the author of The Glass Road",
+    "What is the capital of Kenya?": "the capital of Kenya",
+}
+"""What each worked lookup's question asks for: its reply opens with it ("The question asks for
+the capital of Kenya. The first passage says ...") when the memory's last tool is
+`local_search` (`generator.echoed`). Measured in session 21 with the right passages in memory
+(`bench/generator_examples.py`, set `question echo`): lookups right 56 -> 61 of 72 (task), 12 ->
+13 of 21 (`bench/outside_set.py --relations dev`), 7 -> 10 of 12 (the outside set)."""
+
 EMPTY_MEMORY = "(no steps yet)"
 
 # Each engine role's reply budget, in new tokens: what its job needs, measured on the embedded

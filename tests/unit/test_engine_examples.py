@@ -161,3 +161,15 @@ def test_a_tool_may_carry_one_worked_call_but_not_both_keys() -> None:
     tool.metadata = {"call_examples": one}  # one call given where a list belongs
     with pytest.raises(ValueError, match="must be a list of dicts"):
         call_example_turns(tool)
+
+
+def test_worked_lookup_replies_open_with_what_the_question_asks_only_after_a_lookup() -> None:
+    search = {**STATE["memory"][0], "tool": "local_search", "result": "[1] (id: x) X\nX."}
+    seen: list[list[BaseMessage]] = []
+    make_generator(recording("<answer>X</answer>", seen))({**STATE, "memory": [search]}, runtime())
+    replies = [m.text for m in seen[0][2:-1:2]]
+    assert replies[0] == GENERATOR_EXAMPLES[0][2]  # python's, first and as written
+    assert replies[-1].startswith("The question asks for the capital of Kenya. The first passage")
+    assert sum(r.startswith("The question asks for") for r in replies) == 3
+    make_generator(recording("<answer>35</answer>", seen))(STATE, runtime())  # python's memory
+    assert not any("The question asks for" in m.text for m in seen[1])
