@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.evals import tool_task
+from flowlearn.evals.arithmetic import evaluate, parse_expression
 
 TRAIN_DIVERSE_FILE = tool_task.TASK_DIR / "train_diverse.jsonl"
 CORPUS_DIVERSE_FILE = tool_task.TASK_DIR / "corpus_diverse.jsonl"
@@ -87,7 +88,7 @@ def new_cases(count: int, seed: int = 21) -> tuple[list[dict[str, Any]], list[di
         numbers = tool_task._numbers(expression, rng)
         if "-" in expression and numbers["a"] < numbers["b"]:  # a difference, not a debt
             numbers["a"], numbers["b"] = numbers["b"], numbers["a"]
-        value = eval(expression.format(**numbers), {"__builtins__": {}})  # our own digits only
+        value = evaluate(parse_expression(expression.format(**numbers)))  # integers: exact
         cases.append({"id": f"diverse-math-{i}", "question": asked.format(**numbers),
                       "answer": str(value), "kind": "arithmetic", "tool": "python"})  # fmt: skip
     return cases, passages

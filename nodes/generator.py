@@ -87,12 +87,13 @@ def echoed(memory: Sequence[StepRecord], examples: Sequence[Example]) -> list[Ex
     got 64 of 71 arithmetic answers right against 71 (bench/results/generator_examples.txt).
     """
     tool = _last_tool(memory)
-    return [
-        (q, steps, f"The question asks for {GENERATOR_ASKS[q]}. {reply}")
-        if tool is not None and q in GENERATOR_ASKS and _uses((q, steps, reply), tool)
-        else (q, steps, reply)
-        for q, steps, reply in examples
-    ]
+    shown = []
+    for example in examples:
+        question, steps, reply = example
+        if tool is not None and question in GENERATOR_ASKS and _uses(example, tool):
+            reply = f"The question asks for {GENERATOR_ASKS[question]}. {reply}"
+        shown.append((question, steps, reply))
+    return shown
 
 
 def generator_messages(
