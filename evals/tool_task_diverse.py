@@ -14,7 +14,9 @@ Files (`python -m flowlearn.evals.tool_task_diverse` rewrites them; a test check
 `train_diverse.jsonl`, a lookup then an arithmetic question, the new relations and phrasings
 on even rounds and the task's training questions on odd ones; `corpus_diverse.jsonl`, the
 task's corpus plus the new passages (a recipe trains with it as `corpus`; the held-out set keeps
-`corpus.jsonl`, so its measurements stay comparable).
+`corpus.jsonl`, so its measurements stay comparable); `train_diverse_answered_first.jsonl`, the
+same rounds with the new relations in the order the untrained engine answers them
+(`ANSWERED_FIRST`): a run starts where a lookup that found its passage is rewarded.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from flowlearn.evals.arithmetic import evaluate, parse_expression
 
 TRAIN_DIVERSE_FILE = tool_task.TASK_DIR / "train_diverse.jsonl"
 CORPUS_DIVERSE_FILE = tool_task.TASK_DIR / "corpus_diverse.jsonl"
+ANSWERED_FIRST_FILE = tool_task.TASK_DIR / "train_diverse_answered_first.jsonl"
 
 ARITHMETIC = [
     ("{a} * {b}", "Work out {a} times {b}."),
@@ -62,6 +65,12 @@ FACTS = [
      "{name}ia", "place"),
 ]  # fmt: skip
 
+ANSWERED_FIRST = (1, 2, 3, 4, 6, 5, 0, 7)
+"""`FACTS` by how often the untrained generator answers them given their passage (session 21,
+`bench/results/generator_examples.txt`): stadium, theorem, festival, dam, bridge 3 of 3, party
+leader 2 of 3, main export and anthem 2 of 6 (their answers are invented words it garbles). Run
+13 opened with a main export and no lookup group of its 8 rounds was ever rewarded."""
+
 
 def _used_names() -> set[str]:
     """Every entity name of the task's corpus, so the new ones never repeat them."""
@@ -94,21 +103,32 @@ def new_cases(count: int, seed: int = 21) -> tuple[list[dict[str, Any]], list[di
     return cases, passages
 
 
-def build(pairs: int = 24) -> dict[str, list[dict[str, Any]]]:
-    """Return the two files' records: rounds alternating new forms and the task's training."""
-    new, passages = new_cases(pairs)
+def rounds(new: list[dict[str, Any]], order: list[int]) -> list[dict[str, Any]]:
+    """Return the new pairs in `order`, each followed by the task's next training pair."""
     task = [json.loads(line) for line in tool_task.TRAIN_FILE.read_text().splitlines()]
-    task_pairs = [(f, m) for m, f in zip(task[0::2], task[1::2], strict=True)]  # lookup first
+    task_pairs = [(f, m) for m, f in zip(task[0::2], task[1::2], strict=True)]
     ordered: list[dict[str, Any]] = []
-    for i in range(pairs):
+    for n, i in enumerate(order):
         ordered += new[2 * i : 2 * i + 2]
-        ordered += task_pairs[i] if i < len(task_pairs) else []
+        ordered += task_pairs[n] if n < len(task_pairs) else []
+    return ordered
+
+
+def build(pairs: int = 24) -> dict[str, list[dict[str, Any]]]:
+    """Return the files' records: rounds alternating new forms and the task's training."""
+    new, passages = new_cases(pairs)
+    cycle = len(FACTS)  # within each cycle of the relations, the best answered first
+    answered = sorted(range(pairs), key=lambda i: (i // cycle, ANSWERED_FIRST.index(i % cycle)))
     corpus = [json.loads(line) for line in tool_task.CORPUS_FILE.read_text().splitlines()]
-    return {"train_diverse": ordered, "corpus_diverse": corpus + passages}
+    return {
+        "train_diverse": rounds(new, list(range(pairs))),
+        "train_diverse_answered_first": rounds(new, answered),
+        "corpus_diverse": corpus + passages,
+    }
 
 
 def write(folder: Path = tool_task.TASK_DIR) -> None:
-    """Write train_diverse.jsonl and corpus_diverse.jsonl into `folder`."""
+    """Write the training splits and corpus_diverse.jsonl into `folder`."""
     for name, records in build().items():
         text = "".join(json.dumps(record) + "\n" for record in records)
         (folder / f"{name}.jsonl").write_text(text, encoding="utf-8")

@@ -16,7 +16,11 @@ def read(path: Path) -> list[dict[str, str]]:
 
 def test_shipped_files_are_the_generators_output(tmp_path: Path) -> None:
     tool_task_diverse.write(tmp_path)
-    for path in (tool_task_diverse.TRAIN_DIVERSE_FILE, tool_task_diverse.CORPUS_DIVERSE_FILE):
+    for path in (
+        tool_task_diverse.TRAIN_DIVERSE_FILE,
+        tool_task_diverse.ANSWERED_FIRST_FILE,
+        tool_task_diverse.CORPUS_DIVERSE_FILE,
+    ):
         assert path.read_text(encoding="utf-8") == (tmp_path / path.name).read_text(), path
 
 
@@ -30,6 +34,18 @@ def test_rounds_alternate_new_forms_and_the_tasks_training_each_a_lookup_then_ar
     assert [c for c in cases if c["id"].startswith("train-")] == [
         case for pair in zip(task[1::2], task[0::2], strict=True) for case in pair
     ][: len(cases) // 2]
+
+
+def test_answered_first_reorders_only_the_new_pairs_best_answered_relation_first() -> None:
+    plain = read(tool_task_diverse.TRAIN_DIVERSE_FILE)
+    ordered = read(tool_task_diverse.ANSWERED_FIRST_FILE)
+    assert sorted(ordered, key=str) == sorted(plain, key=str)  # the same cases
+    for n in range(0, len(plain), 4):  # every round: a new pair, then the task's same pair
+        assert ordered[n + 2 : n + 4] == plain[n + 2 : n + 4]
+        assert [c["kind"] for c in ordered[n : n + 2]] == ["lookup", "arithmetic"]
+        assert ordered[n]["id"].split("-")[-1] == ordered[n + 1]["id"].split("-")[-1]  # paired
+    relations = [int(c["id"].split("-")[-1]) % 8 for c in ordered[0::4]]
+    assert relations[:8] == list(tool_task_diverse.ANSWERED_FIRST) == relations[8:16]
 
 
 def test_no_new_question_form_or_name_is_the_held_out_sets() -> None:
@@ -76,3 +92,15 @@ def test_its_recipe_is_the_shipped_planners_with_only_the_data_changed() -> None
     for key, path in (("data", tool_task_diverse.TRAIN_DIVERSE_FILE),
                       ("corpus", tool_task_diverse.CORPUS_DIVERSE_FILE)):  # fmt: skip
         assert (root / diverse[key]).read_text() == path.read_text(), key
+
+
+def test_the_warm_recipe_continues_the_shipped_planner_on_the_answered_first_split() -> None:
+    from flowlearn.training.config import parse_config
+
+    root = Path(__file__).parents[2]
+    shipped = vars(parse_config(["--config", str(root / "examples" / "learn_tools.yaml")]))
+    warm = vars(parse_config(["--config", str(root / "bench" / "learn_tools_warm.yaml")]))
+    changed = {key for key in shipped if shipped[key] != warm[key]} - {"distributed_state"}
+    assert changed == {"planner", "engine", "data", "corpus", "max_steps", "output_dir"}
+    assert (warm["planner"], warm["engine"]) == ("default", "default-base")
+    assert (root / warm["data"]).read_text() == tool_task_diverse.ANSWERED_FIRST_FILE.read_text()
