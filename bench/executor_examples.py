@@ -18,8 +18,13 @@ executor writes the query shown `one` (Kenya's call alone, shipped until session
 it writes ("Find passage that answers question." and "Find the passage that answers the
 question."). A call is right when the first passage found holds the answer.
 
+Also for python, tried in session 22 on the dev set's "Add A to B." and "B take away A":
+`add-to`, `take-away`, `both` (worked calls in those phrasings; none shipped,
+`bench/results/executor_examples.txt`). `--sets` and `--sub-goals` pick a subset to run.
+
 Run: `python bench/executor_examples.py [--tool local_search] [--cases runs/outside/cases.jsonl
---corpus runs/outside/corpus.jsonl]` (about 4 minutes on 2 cores).
+--corpus runs/outside/corpus.jsonl] [--sets shipped both --sub-goals trained]` (about 4 minutes
+on 2 cores for the default pair of sets).
 """
 
 from __future__ import annotations
@@ -67,8 +72,38 @@ TRAINED = (
     "Find passage that answers question.",
 )
 KENYA = "What is the capital of Kenya?"
+
+
+def python_calls(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
+    """Worked python calls (question, code) as the tool's metadata holds them."""
+    return [
+        {"question": q, "context": q, "sub_goal": COMPUTE, "arguments": {"code": c}}
+        for q, c in pairs
+    ]
+
+
+SUM3, LESS, TIMES = (
+    ("Add up 8, 15 and 27.", "8 + 15 + 27"),
+    (
+        "How much is 75 less than 620?",
+        "620 - 75",
+    ),
+    ("What is 12 times 34?", "12 * 34"),
+)
 EXAMPLE_SETS = {  # the shipped sets are read from the tools' metadata
-    "python": {"one": [ONE], "shipped": None},
+    "python": {
+        "one": [ONE],
+        "shipped": None,
+        # session 22, on the dev set's "Add A to B." and "B take away A" (wrong code both)
+        "add-to": python_calls(SUM3, ("Add 40 to 560.", "560 + 40"), LESS, TIMES),
+        "take-away": python_calls(SUM3, ("How much is 620 take away 75?", "620 - 75"), TIMES),
+        "both": python_calls(
+            SUM3,
+            ("Add 40 to 560.", "560 + 40"),
+            ("How much is 620 take away 75?", "620 - 75"),
+            TIMES,
+        ),
+    },
     "local_search": {
         "one": [
             {"question": KENYA, "context": KENYA, "sub_goal": SEARCH, "arguments": {"query": KENYA}}
@@ -156,7 +191,11 @@ async def main(args: argparse.Namespace) -> None:
 
     shipped = {id(tool): call_example_turns(tool) for tool in tools.values()}  # before any swap
     for set_name, examples in EXAMPLE_SETS[args.tool].items():
+        if args.sets and set_name not in args.sets:
+            continue
         for plan_name, plan in SUB_GOALS[args.tool].items():
+            if args.sub_goals and plan_name not in args.sub_goals:
+                continue
             start, counts, wrong = time.perf_counter(), [], []
             for group, cases in groups.items():
                 tool = tools.get(group, tools[""])
@@ -179,4 +218,6 @@ if __name__ == "__main__":
     parser.add_argument("--tool", choices=("python", "local_search"), default="python")
     parser.add_argument("--cases", type=Path, help="another tool-use set (JSONL) to test on")
     parser.add_argument("--corpus", type=Path, help="its corpus, for --tool local_search")
+    parser.add_argument("--sets", nargs="*", help="example sets to try (default: all)")
+    parser.add_argument("--sub-goals", nargs="*", help="sub-goals to try (default: all)")
     asyncio.run(main(parser.parse_args()))
