@@ -16,7 +16,7 @@ on even rounds and the task's training questions on odd ones; `corpus_diverse.js
 task's corpus plus the new passages (a recipe trains with it as `corpus`; the held-out set keeps
 `corpus.jsonl`, so its measurements stay comparable); `train_diverse_answered_first.jsonl`, the
 same rounds with the new relations in the order the untrained engine answers them
-(`ANSWERED_FIRST`): a run starts where a lookup that found its passage is rewarded.
+(`ANSWERED_FIRST`), so a run's first lookups are ones a search can be rewarded for.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ ANSWERED_FIRST = (1, 2, 3, 4, 6, 5, 0, 7)
 """`FACTS` by how often the untrained generator answers them given their passage (session 21,
 `bench/results/generator_examples.txt`): stadium, theorem, festival, dam, bridge 3 of 3, party
 leader 2 of 3, main export and anthem 2 of 6 (their answers are invented words it garbles). Run
-13 opened with a main export and no lookup group of its 8 rounds was ever rewarded."""
+13 opened with a main export and no lookup group of its 8 rounds was ever rewarded; runs 14 and
+15 (`bench/learn_tools_warm.yaml`) trained on this order."""
 
 
 def _used_names() -> set[str]:
@@ -106,7 +107,7 @@ def new_cases(count: int, seed: int = 21) -> tuple[list[dict[str, Any]], list[di
 def rounds(new: list[dict[str, Any]], order: list[int]) -> list[dict[str, Any]]:
     """Return the new pairs in `order`, each followed by the task's next training pair."""
     task = [json.loads(line) for line in tool_task.TRAIN_FILE.read_text().splitlines()]
-    task_pairs = [(f, m) for m, f in zip(task[0::2], task[1::2], strict=True)]
+    task_pairs = [(f, m) for m, f in zip(task[0::2], task[1::2], strict=True)]  # lookup first
     ordered: list[dict[str, Any]] = []
     for n, i in enumerate(order):
         ordered += new[2 * i : 2 * i + 2]
