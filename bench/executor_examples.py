@@ -49,6 +49,7 @@ from flowlearn.nodes.render import prompt_messages
 from flowlearn.nodes.tools import default_tools
 from flowlearn.nodes.tools.local_search import PLAN_SUB_GOAL as SEARCH
 from flowlearn.nodes.tools.local_search import local_search_tool
+from flowlearn.nodes.tools.python_sandbox import CALL_EXAMPLES, worked_calls
 from flowlearn.nodes.tools.python_sandbox import PLAN_SUB_GOAL as COMPUTE
 
 OTHER_PHRASINGS = [
@@ -73,35 +74,21 @@ TRAINED = (
 )
 KENYA = "What is the capital of Kenya?"
 
-
-def python_calls(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
-    """Worked python calls (question, code) as the tool's metadata holds them."""
-    return [
-        {"question": q, "context": q, "sub_goal": COMPUTE, "arguments": {"code": c}}
-        for q, c in pairs
-    ]
-
-
-SUM3, LESS, TIMES = (
-    ("Add up 8, 15 and 27.", "8 + 15 + 27"),
-    (
-        "How much is 75 less than 620?",
-        "620 - 75",
-    ),
-    ("What is 12 times 34?", "12 * 34"),
-)
+SUM3, LESS, TIMES = CALL_EXAMPLES  # the shipped worked calls, in order
 EXAMPLE_SETS = {  # the shipped sets are read from the tools' metadata
     "python": {
         "one": [ONE],
         "shipped": None,
         # session 22, on the dev set's "Add A to B." and "B take away A" (wrong code both)
-        "add-to": python_calls(SUM3, ("Add 40 to 560.", "560 + 40"), LESS, TIMES),
-        "take-away": python_calls(SUM3, ("How much is 620 take away 75?", "620 - 75"), TIMES),
-        "both": python_calls(
-            SUM3,
-            ("Add 40 to 560.", "560 + 40"),
-            ("How much is 620 take away 75?", "620 - 75"),
-            TIMES,
+        "add-to": worked_calls((SUM3, ("Add 40 to 560.", "560 + 40"), LESS, TIMES)),
+        "take-away": worked_calls((SUM3, ("How much is 620 take away 75?", "620 - 75"), TIMES)),
+        "both": worked_calls(
+            (
+                SUM3,
+                ("Add 40 to 560.", "560 + 40"),
+                ("How much is 620 take away 75?", "620 - 75"),
+                TIMES,
+            )
         ),
     },
     "local_search": {
@@ -218,6 +205,8 @@ if __name__ == "__main__":
     parser.add_argument("--tool", choices=("python", "local_search"), default="python")
     parser.add_argument("--cases", type=Path, help="another tool-use set (JSONL) to test on")
     parser.add_argument("--corpus", type=Path, help="its corpus, for --tool local_search")
-    parser.add_argument("--sets", nargs="*", help="example sets to try (default: all)")
-    parser.add_argument("--sub-goals", nargs="*", help="sub-goals to try (default: all)")
+    sets = sorted({name for by_tool in EXAMPLE_SETS.values() for name in by_tool})
+    goals = sorted({name for by_tool in SUB_GOALS.values() for name in by_tool})
+    parser.add_argument("--sets", nargs="+", choices=sets, help="example sets (default: all)")
+    parser.add_argument("--sub-goals", nargs="+", choices=goals, help="sub-goals (default: all)")
     asyncio.run(main(parser.parse_args()))

@@ -104,10 +104,10 @@ def new_cases(count: int, seed: int = 21) -> tuple[list[dict[str, Any]], list[di
     return cases, passages
 
 
-def rounds(new: list[dict[str, Any]], order: list[int]) -> list[dict[str, Any]]:
+def rounds(
+    new: list[dict[str, Any]], order: list[int], task_pairs: list[tuple[Any, Any]]
+) -> list[dict[str, Any]]:
     """Return the new pairs in `order`, each followed by the task's next training pair."""
-    task = [json.loads(line) for line in tool_task.TRAIN_FILE.read_text().splitlines()]
-    task_pairs = [(f, m) for m, f in zip(task[0::2], task[1::2], strict=True)]  # lookup first
     ordered: list[dict[str, Any]] = []
     for n, i in enumerate(order):
         ordered += new[2 * i : 2 * i + 2]
@@ -118,12 +118,14 @@ def rounds(new: list[dict[str, Any]], order: list[int]) -> list[dict[str, Any]]:
 def build(pairs: int = 24) -> dict[str, list[dict[str, Any]]]:
     """Return the files' records: rounds alternating new forms and the task's training."""
     new, passages = new_cases(pairs)
+    task = [json.loads(line) for line in tool_task.TRAIN_FILE.read_text().splitlines()]
+    task_pairs = [(f, m) for m, f in zip(task[0::2], task[1::2], strict=True)]  # lookup first
     cycle = len(FACTS)  # within each cycle of the relations, the best answered first
     answered = sorted(range(pairs), key=lambda i: (i // cycle, ANSWERED_FIRST.index(i % cycle)))
     corpus = [json.loads(line) for line in tool_task.CORPUS_FILE.read_text().splitlines()]
     return {
-        "train_diverse": rounds(new, list(range(pairs))),
-        "train_diverse_answered_first": rounds(new, answered),
+        "train_diverse": rounds(new, list(range(pairs)), task_pairs),
+        "train_diverse_answered_first": rounds(new, answered, task_pairs),
         "corpus_diverse": corpus + passages,
     }
 

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 from langchain_core.tools import BaseTool, StructuredTool
@@ -184,6 +185,14 @@ held-out arithmetic questions, 5 / 6 of 24 in other phrasings, 8 / 8 of `bench/o
 """
 
 
+def worked_calls(pairs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Return (question, code) pairs as the tool's `call_examples` metadata holds them."""
+    return [
+        {"question": q, "context": q, "sub_goal": PLAN_SUB_GOAL, "arguments": {"code": c}}
+        for q, c in pairs
+    ]
+
+
 def python_tool(
     *, isolation: Isolation = "bwrap", bwrap: str | None = None, **limits: Any
 ) -> BaseTool:
@@ -229,10 +238,7 @@ def python_tool(
                 "context": "The question gives the numbers.",
                 "sub_goal": PLAN_SUB_GOAL,
             },
-            "call_examples": [
-                {"question": q, "context": q, "sub_goal": PLAN_SUB_GOAL, "arguments": {"code": c}}
-                for q, c in CALL_EXAMPLES
-            ],
+            "call_examples": worked_calls(CALL_EXAMPLES),
         },
     )
 
