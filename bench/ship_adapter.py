@@ -4,9 +4,12 @@ Copies a LoRA adapter folder written by `flowlearn train` (a `checkpoint-N/` or
 `final-adapter/`) into `nodes/policies/data/default_planner/`: its `adapter_config.json`, and
 its weights cast to float16 (half the size; peft casts them to the planner's precision as it
 merges them, and the held-out figures in the README are measured on the shipped files). Writes
-`SOURCE.json` beside them: where the adapter came from and its size.
+`SOURCE.json` beside them: where the adapter came from, the recipe that trained it (`--recipe`,
+default `examples/learn_tools.yaml`; a joined adapter from `bench/stack_adapters.py` names its
+warm recipe) and its size.
 
     python bench/ship_adapter.py runs/learn-tools/checkpoint-16
+    python bench/ship_adapter.py runs/warm-8 --recipe bench/learn_tools_warm.yaml
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from safetensors.torch import load_file, save_file
 from flowlearn.nodes.policies.loading import DEFAULT_MODEL_NAME, SHIPPED_ADAPTER
 
 WEIGHTS = "adapter_model.safetensors"
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "examples" / "learn_tools.yaml"
 
 
-def ship(folder: Path, target: Path = SHIPPED_ADAPTER) -> Path:
+def ship(folder: Path, target: Path = SHIPPED_ADAPTER, recipe: Path = RECIPE) -> Path:
     """Write the adapter in `folder` to `target` in float16; return the weights' path."""
     config = folder / "adapter_config.json"
     if not config.is_file() or not (folder / WEIGHTS).is_file():
@@ -31,6 +36,13 @@ def ship(folder: Path, target: Path = SHIPPED_ADAPTER) -> Path:
             f"{folder} holds no LoRA adapter ({config.name} and {WEIGHTS}): pass a "
             "checkpoint-N/ or final-adapter/ folder of a `flowlearn train` run with lora: true"
         )
+    if not recipe.is_file():
+        raise SystemExit(
+            f"--recipe {recipe} is not a file: name the YAML the adapter was trained with "
+            f"(default {RECIPE.relative_to(ROOT)})"
+        )
+    recipe = recipe.resolve()
+    named = recipe.relative_to(ROOT) if recipe.is_relative_to(ROOT) else recipe
     tensors = {name: t.to(torch.float16) for name, t in load_file(folder / WEIGHTS).items()}
     target.mkdir(parents=True, exist_ok=True)
     settings = json.loads(config.read_text())
@@ -40,7 +52,7 @@ def ship(folder: Path, target: Path = SHIPPED_ADAPTER) -> Path:
     save_file(tensors, target / WEIGHTS)
     source = {
         "from": str(folder),
-        "recipe": "examples/learn_tools.yaml",
+        "recipe": named.as_posix(),
         "parameters": sum(t.numel() for t in tensors.values()),
         "dtype": "float16",
         "bytes": (target / WEIGHTS).stat().st_size,
@@ -52,4 +64,6 @@ def ship(folder: Path, target: Path = SHIPPED_ADAPTER) -> Path:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the adapter folder of a training run")
-    print(ship(parser.parse_args().folder))
+    parser.add_argument("--recipe", type=Path, default=RECIPE, help="the YAML that trained it")
+    args = parser.parse_args()
+    print(ship(args.folder, recipe=args.recipe))

@@ -254,7 +254,7 @@ def make_planner(
                 "query_analysis", 0, messages, reply.text, "ok", reply.seconds, **reply.record()
             )
             return reply.text, dict(record)
-        gen = generate(messages, sampling)
+        gen = generate(messages, sampling.for_call(question, 0))
         return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))
 
     def planner(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -289,7 +289,7 @@ def make_planner(
             turn=turn,
             prefill=prefill,
         )
-        gen = generate(messages, sampling, **plan_stop(policy))
+        gen = generate(messages, sampling.for_call(state["question"], turn), **plan_stop(policy))
         return record_decision(update, turn, messages, gen, available, runtime, prefill)
 
     return planner

@@ -40,7 +40,11 @@ class Context:
         metadata={"description": "Most tokens the planner may write per turn."},
     )
     seed: int | None = field(
-        default=None, metadata={"description": "Seed for the planner's sampling; None = random."}
+        default=None,
+        metadata={
+            "description": "Seed for the planner's sampling (each call draws its own seed from "
+            "it, the question and the turn); None = random."
+        },
     )
     tools: tuple[str, ...] | None = field(
         default=None,

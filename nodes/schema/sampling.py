@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import hashlib
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from flowlearn.nodes.schema.records import token_faithful
@@ -31,6 +32,22 @@ class Sampling:
     def as_dict(self) -> dict[str, Any]:
         """Return the settings as a JSON-serializable dict."""
         return asdict(self)
+
+    def for_call(self, *keys: object) -> Sampling:
+        """Return these settings for one call, with a set seed turned into the call's own.
+
+        One seed handed to every call made every call draw the same uniforms: under
+        `flowlearn eval --seed 1` the untrained planner searched for 1 of 24 lookups, one
+        correlated draw rather than one per case. The call's seed is a hash of the run's seed
+        and `keys` (the question and the turn), so a seeded run is reproducible whatever the
+        order calls finish in, and each question and turn draws on its own. Unseeded settings
+        come back unchanged (the policy draws from torch's generator).
+        """
+        if self.seed is None:
+            return self
+        key = repr((self.seed, *keys)).encode()
+        digest = hashlib.blake2b(key, digest_size=8).digest()
+        return replace(self, seed=int.from_bytes(digest, "big") >> 2)  # below 2**62
 
 
 @dataclass(kw_only=True)

@@ -94,8 +94,15 @@ def test_bench_ship_adapter_writes_a_half_precision_copy_that_loads_as_the_defau
     assert all(t.dtype == torch.float16 for t in load_file(weights).values())
     source = json.loads((target / "SOURCE.json").read_text())
     assert source["from"] == str(shipped) and source["dtype"] == "float16"
+    assert source["recipe"] == "examples/learn_tools.yaml"  # the default recipe
     monkeypatch.setattr(loading, "SHIPPED_ADAPTER", target)
     half, _ = load_model_and_tokenizer("default", device="cpu")
     assert torch.allclose(logits(half), logits(full), atol=1e-2)
     with pytest.raises(SystemExit, match="holds no LoRA adapter"):
         ship_adapter.ship(tmp_path / "empty", tmp_path / "nowhere")
+    warm = BENCH / "learn_tools_warm.yaml"
+    ship_adapter.ship(shipped, tmp_path / "warm", recipe=warm)
+    recorded = json.loads((tmp_path / "warm" / "SOURCE.json").read_text())["recipe"]
+    assert recorded == "bench/learn_tools_warm.yaml"  # named from the repository root
+    with pytest.raises(SystemExit, match=r"--recipe .* is not a file"):
+        ship_adapter.ship(shipped, tmp_path / "nowhere", recipe=tmp_path / "missing.yaml")

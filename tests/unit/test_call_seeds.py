@@ -1,0 +1,58 @@
+"""A seeded run gives each planner call a seed of its own, reproducibly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage
+from langchain_core.tools import tool
+
+from fakes import FakeChatModel, ScriptedPolicy, plan
+from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes.schema.sampling import Sampling
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look up a fact."""
+    return "paris"
+
+
+def engine() -> FakeChatModel:
+    def respond(messages: object, tools: list[dict[str, object]]) -> object:
+        if tools:
+            return AIMessage(
+                content="", tool_calls=[{"name": "lookup", "args": {"query": "q"}, "id": "1"}]
+            )
+        return "Conclusion: CONTINUE\n<answer>paris</answer>"
+
+    return FakeChatModel(respond=respond)
+
+
+def planner_seeds(question: str, seed: int | None) -> list[Any]:
+    graph = build_agentflow(ScriptedPolicy([plan("lookup")]), engine(), [lookup])
+    state = graph.invoke({"question": question}, context=Context(max_turns=3, seed=seed))
+    return [t["sampling"]["seed"] for t in state["transitions"] if t["node"] == "planner"]
+
+
+def test_each_turn_and_question_draws_its_own_seed_reproducibly() -> None:
+    first = planner_seeds("Capital of France?", 1)
+    assert len(first) == 3 and len(set(first)) == 3  # the turns do not share one draw
+    assert planner_seeds("Capital of France?", 1) == first  # the same run, the same seeds
+    other = planner_seeds("Capital of Spain?", 1)
+    assert not set(other) & set(first)  # another question draws afresh under the same seed
+    assert not set(planner_seeds("Capital of France?", 2)) & set(first)
+    assert all(0 <= s < 2**62 for s in first + other)
+
+
+def test_an_unseeded_run_stays_unseeded() -> None:
+    assert planner_seeds("Capital of France?", None) == [None, None, None]
+    sampling = Sampling(temperature=0.5)
+    assert sampling.for_call("q", 1) is sampling
+
+
+def test_the_call_seed_keeps_the_other_settings() -> None:
+    sampling = Sampling(temperature=0.3, top_p=0.9, max_new_tokens=7, seed=0)
+    call = sampling.for_call("q", 2)
+    assert call.seed != 0 and call.seed == sampling.for_call("q", 2).seed
+    assert (call.temperature, call.top_p, call.max_new_tokens) == (0.3, 0.9, 7)
