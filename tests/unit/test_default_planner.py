@@ -106,3 +106,25 @@ def test_bench_ship_adapter_writes_a_half_precision_copy_that_loads_as_the_defau
     assert recorded == "bench/learn_tools_warm.yaml"  # named from the repository root
     with pytest.raises(SystemExit, match=r"--recipe .* is not a file"):
         ship_adapter.ship(shipped, tmp_path / "nowhere", recipe=tmp_path / "missing.yaml")
+
+
+def test_bench_stack_adapters_joins_a_warm_adapter_to_the_shipped_one_exactly(
+    shipped: Path, tmp_path: Path
+) -> None:
+    spec = importlib.util.spec_from_file_location("stack_adapters", BENCH / "stack_adapters.py")
+    assert spec is not None and spec.loader is not None
+    stack_adapters = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stack_adapters)
+    merged, _ = load_model_and_tokenizer("default", device="cpu", dtype="float32")
+    warm = get_peft_model(  # a LoRA trained on the default planner (shipped adapter merged in)
+        merged, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
+    with torch.no_grad():
+        for name, weight in warm.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(std=0.5)
+    warm.save_pretrained(tmp_path / "warm")
+    joined = stack_adapters.stack(tmp_path / "warm", tmp_path / "joined", shipped=shipped)
+    assert stack_adapters.check(joined, tmp_path / "warm") < 1e-4  # exact, up to float32
+    settings = json.loads((tmp_path / "joined" / "adapter_config.json").read_text())
+    assert settings["r"] == 4  # rank 2 + 2: the two adapters side by side
