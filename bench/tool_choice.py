@@ -67,9 +67,11 @@ def pick_cases(path: Path, skip: int, per_kind: int) -> list[dict[str, Any]]:
     return chosen
 
 
-def first_prompts(cases: list[dict[str, Any]], cache: Path) -> tuple[list[list[int]], Any, Any]:
+def first_prompts(
+    cases: list[dict[str, Any]], cache: Path, corpus: Path = CORPUS_FILE
+) -> tuple[list[list[int]], Any, Any]:
     """Each case's first planner prompt ids (analyses cached in `cache`); the model, tokenizer."""
-    spec = FlowSpec.from_env(planner="default-base", corpus=str(CORPUS_FILE), batch_size=16)
+    spec = FlowSpec.from_env(planner="default-base", corpus=str(corpus), batch_size=16)
     planner, engine = load_parts(spec)
     tools = build_tools(spec, engine)
     catalogue = render_catalogue(tools)

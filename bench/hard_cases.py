@@ -1,0 +1,145 @@
+"""Training questions the shipped planner gets wrong: a fresh pool, probed, its hardest kept.
+
+The shipped planner sends a held-out lookup to python when the untrained engine's query
+analysis talks of Python (5 of the 6 such lookups at greedy decoding in session 22, against 1 of
+the 18 others), and every run so far moved the tool name's shared bias more than its dependence
+on the question (`bench/results/learn_tools_runs.txt`). A round whose groups all answer right
+carries no gradient, so this builds rounds from questions the shipped planner is unsure of:
+
+1. a fresh pool of both kinds, in the task's phrasings (`flowlearn.evals.tool_task`) and in the
+   diverse split's (`flowlearn.evals.tool_task_diverse`, which no evaluation set uses), new
+   names and numbers from `--seed`;
+2. each question's first planner prompt as the flow renders it (the untrained engine's greedy
+   query analysis, cached in `--cache`), and the shipped planner's probability of the right
+   tool's first token at T=0.7 (`bench/tool_choice.py`);
+3. the `--per-kind` questions of each kind with the lowest probability, in rounds of a lookup
+   and an arithmetic question (hardest first), written with the task corpus plus the pool's
+   passages to `--out` (`train.jsonl`, `corpus.jsonl`, `probe.jsonl` with every pool question's
+   probability).
+
+    python bench/hard_cases.py --out runs/hard
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowlearn.evals.tool_task import CORPUS_FILE, arithmetic_cases, lookup_cases
+from flowlearn.evals.tool_task_diverse import ANSWERED_FIRST, new_cases
+from flowlearn.nodes.policies.loading import SHIPPED_ADAPTER
+
+HERE = Path(__file__).resolve().parent
+
+
+def pool(lookups: int, arithmetic: int, pairs: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """Fresh cases in the task's phrasings and in the diverse split's, and their passages.
+
+    The diverse split's lookups keep only the relations the untrained engine answers given the
+    passage (`ANSWERED_FIRST[:5]`): a lookup it garbles rewards no search (run 13).
+    """
+    corpus = [json.loads(line) for line in CORPUS_FILE.read_text().splitlines()]
+    used = {word for passage in corpus for word in passage["title"].split()}
+    rng = random.Random(seed)
+    facts, passages = lookup_cases(lookups, rng, "hard", used)
+    cases = arithmetic_cases(arithmetic, rng, "hard") + facts
+    answered = {f"diverse-fact-{i}" for i in range(pairs) if i % 8 in ANSWERED_FIRST[:5]}
+    new, new_passages = new_cases(pairs, seed=seed)
+    for case in new:
+        if case["kind"] == "arithmetic" or case["id"] in answered:
+            cases.append({**case, "id": case["id"].replace("diverse", "hard-diverse")})
+    kept = {c["id"].removeprefix("hard-diverse-fact-") for c in cases if "diverse-fact" in c["id"]}
+    passages += [p for p in new_passages if p["id"].removeprefix("diverse-") in kept]
+    return cases, passages
+
+
+def probe(cases: list[dict[str, Any]], cache: Path, corpus: Path) -> list[float]:
+    """The shipped planner's p(right tool's first token) at T=0.7 on each case's first prompt."""
+    sys.path.insert(0, str(HERE))
+    import tool_choice
+    from peft import PeftModel
+
+    prompts, model, tokenizer = tool_choice.first_prompts(cases, cache, corpus)
+    firsts = tool_choice.first_tokens(tokenizer, prompts[0], ["local_search", "python"])
+    shipped = PeftModel.from_pretrained(model, SHIPPED_ADAPTER).eval()
+    logits = tool_choice.next_token_logits(shipped, prompts)
+    return [
+        float(torch.softmax(lg / 0.7, -1)[firsts[case["tool"]]])
+        for case, lg in zip(cases, logits, strict=True)
+    ]
+
+
+def hardest(cases: list[dict[str, Any]], p: list[float], per_kind: int) -> list[dict[str, Any]]:
+    """The `per_kind` lowest-p cases of each kind, in rounds of (lookup, arithmetic)."""
+    ranked = sorted(zip(p, range(len(cases)), cases, strict=True))
+    by_kind = {k: [c for _, _, c in ranked if c["kind"] == k] for k in ("lookup", "arithmetic")}
+    if min(len(v) for v in by_kind.values()) < per_kind:
+        raise SystemExit(f"the pool holds fewer than --per-kind {per_kind} cases of a kind")
+    pairs = zip(by_kind["lookup"][:per_kind], by_kind["arithmetic"][:per_kind], strict=True)
+    return [case for pair in pairs for case in pair]
+
+
+def eligible(case: dict[str, Any], lookup_forms: str, exclude: str | None) -> bool:
+    """Whether a pool case may be kept: `--lookup-forms task` keeps the task's lookups only
+    (run 16a: the untrained engine answered none of the diverse lookups it searched for, its
+    queries missing the entity's name), `--exclude` drops questions matching a regex (run 16a:
+    the executor wrote "1024 * 771" for "If each of 630 boxes holds 771 items ...")."""
+    if case["kind"] == "lookup" and lookup_forms == "task" and "diverse" in case["id"]:
+        return False
+    return exclude is None or re.search(exclude, case["question"]) is None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/hard"))
+    parser.add_argument("--lookups", type=int, default=30, help="lookups in the task's forms")
+    parser.add_argument("--arithmetic", type=int, default=16, help="arithmetic, task's forms")
+    parser.add_argument("--pairs", type=int, default=32, help="diverse pairs (lookups filtered)")
+    parser.add_argument("--per-kind", type=int, default=8, help="hardest kept of each kind")
+    parser.add_argument("--seed", type=int, default=23)
+    parser.add_argument("--lookup-forms", choices=("all", "task"), default="all")
+    parser.add_argument("--exclude", default=None, help="drop questions matching this regex")
+    parser.add_argument("--reuse-probe", action="store_true", help="read --out/probe.jsonl")
+    parser.add_argument("--name", default="train.jsonl", help="the rounds' file name in --out")
+    parser.add_argument("--cache", type=Path, default=Path("runs/tool-choice-analyses-hard.json"))
+    args = parser.parse_args()
+    cases, passages = pool(args.lookups, args.arithmetic, args.pairs, args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    corpus = args.out / "corpus.jsonl"
+    lines = CORPUS_FILE.read_text().splitlines() + [json.dumps(p) for p in passages]
+    corpus.write_text("".join(line + "\n" for line in lines))
+    if args.reuse_probe:
+        probed = [json.loads(line) for line in (args.out / "probe.jsonl").read_text().splitlines()]
+        if [c["id"] for c in probed] != [c["id"] for c in cases]:
+            raise SystemExit("--reuse-probe: probe.jsonl is another pool's; probe again")
+        p = [c["p_right"] for c in probed]
+    else:
+        p = probe(cases, args.cache, corpus)
+        probed = [{**case, "p_right": round(q, 4)} for case, q in zip(cases, p, strict=True)]
+        (args.out / "probe.jsonl").write_text("".join(json.dumps(c) + "\n" for c in probed))
+    keep = [eligible(c, args.lookup_forms, args.exclude) for c in cases]
+    cases, p = (
+        [c for c, k in zip(cases, keep, strict=True) if k],
+        [q for q, k in zip(p, keep, strict=True) if k],
+    )
+    chosen = hardest(cases, p, args.per_kind)
+    (args.out / args.name).write_text("".join(json.dumps(c) + "\n" for c in chosen))
+    for kind in ("lookup", "arithmetic"):
+        ps = sorted(q for case, q in zip(cases, p, strict=True) if case["kind"] == kind)
+        kept = ps[: args.per_kind]
+        print(
+            f"{kind}: pool {len(ps)}, mean p {sum(ps) / len(ps):.2f}, "
+            f"p < 0.5 for {sum(q < 0.5 for q in ps)}; kept p {kept[0]:.2f} to {kept[-1]:.2f}"
+        )
+    print(f"wrote {args.out}/{args.name} ({len(chosen)} cases), corpus.jsonl, probe.jsonl")
+
+
+if __name__ == "__main__":
+    main()
