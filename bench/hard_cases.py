@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from flowlearn.evals.tool_task import CORPUS_FILE, arithmetic_cases, lookup_cases
-from flowlearn.evals.tool_task_diverse import ANSWERED_FIRST, new_cases
+from flowlearn.evals.tool_task_diverse import ANSWERED_FIRST, FACTS, new_cases
 from flowlearn.nodes.policies.loading import SHIPPED_ADAPTER
 
 HERE = Path(__file__).resolve().parent
@@ -50,8 +50,10 @@ def pool(lookups: int, arithmetic: int, pairs: int, seed: int) -> tuple[list[dic
     rng = random.Random(seed)
     facts, passages = lookup_cases(lookups, rng, "hard", used)
     cases = arithmetic_cases(arithmetic, rng, "hard") + facts
-    answered = {f"diverse-fact-{i}" for i in range(pairs) if i % 8 in ANSWERED_FIRST[:5]}
-    new, new_passages = new_cases(pairs, seed=seed)
+    answered = {f"diverse-fact-{i}" for i in range(pairs) if i % len(FACTS) in ANSWERED_FIRST[:5]}
+    # `used` now holds the task corpus's names and the ones just drawn: no name twice (run 16's
+    # pool, drawn before this, had "Mount Lusaex" and "Lusaex Dam")
+    new, new_passages = new_cases(pairs, seed=seed, used=used)
     for case in new:
         if case["kind"] == "arithmetic" or case["id"] in answered:
             cases.append({**case, "id": case["id"].replace("diverse", "hard-diverse")})
@@ -80,8 +82,13 @@ def hardest(cases: list[dict[str, Any]], p: list[float], per_kind: int) -> list[
     """The `per_kind` lowest-p cases of each kind, in rounds of (lookup, arithmetic)."""
     ranked = sorted(zip(p, range(len(cases)), cases, strict=True))
     by_kind = {k: [c for _, _, c in ranked if c["kind"] == k] for k in ("lookup", "arithmetic")}
-    if min(len(v) for v in by_kind.values()) < per_kind:
-        raise SystemExit(f"the pool holds fewer than --per-kind {per_kind} cases of a kind")
+    for kind, kept in by_kind.items():
+        if len(kept) < per_kind:
+            raise SystemExit(
+                f"the pool holds {len(kept)} eligible {kind} cases, fewer than --per-kind "
+                f"{per_kind}: lower --per-kind, draw a bigger pool (--lookups, --arithmetic, "
+                "--pairs) or keep more (--lookup-forms all, a narrower --exclude)"
+            )
     pairs = zip(by_kind["lookup"][:per_kind], by_kind["arithmetic"][:per_kind], strict=True)
     return [case for pair in pairs for case in pair]
 
@@ -110,6 +117,8 @@ def main() -> None:
     parser.add_argument("--name", default="train.jsonl", help="the rounds' file name in --out")
     parser.add_argument("--cache", type=Path, default=Path("runs/tool-choice-analyses-hard.json"))
     args = parser.parse_args()
+    if min(args.per_kind, args.lookups, args.arithmetic, args.pairs) < 1:
+        parser.error("--per-kind, --lookups, --arithmetic and --pairs must be at least 1")
     cases, passages = pool(args.lookups, args.arithmetic, args.pairs, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     corpus = args.out / "corpus.jsonl"
@@ -117,7 +126,7 @@ def main() -> None:
     corpus.write_text("".join(line + "\n" for line in lines))
     if args.reuse_probe:
         probed = [json.loads(line) for line in (args.out / "probe.jsonl").read_text().splitlines()]
-        if [c["id"] for c in probed] != [c["id"] for c in cases]:
+        if [(c["id"], c["question"]) for c in probed] != [(c["id"], c["question"]) for c in cases]:
             raise SystemExit("--reuse-probe: probe.jsonl is another pool's; probe again")
         p = [c["p_right"] for c in probed]
     else:
@@ -135,7 +144,7 @@ def main() -> None:
         ps = sorted(q for case, q in zip(cases, p, strict=True) if case["kind"] == kind)
         kept = ps[: args.per_kind]
         print(
-            f"{kind}: pool {len(ps)}, mean p {sum(ps) / len(ps):.2f}, "
+            f"{kind}: {len(ps)} eligible, mean p {sum(ps) / len(ps):.2f}, "
             f"p < 0.5 for {sum(q < 0.5 for q in ps)}; kept p {kept[0]:.2f} to {kept[-1]:.2f}"
         )
     print(f"wrote {args.out}/{args.name} ({len(chosen)} cases), corpus.jsonl, probe.jsonl")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -41,8 +42,10 @@ def ship(folder: Path, target: Path = SHIPPED_ADAPTER, recipe: Path = RECIPE) ->
             f"--recipe {recipe} is not a file: name the YAML the adapter was trained with "
             f"(default {RECIPE.relative_to(ROOT)})"
         )
-    recipe = recipe.resolve()
-    named = recipe.relative_to(ROOT) if recipe.is_relative_to(ROOT) else recipe
+    named = Path(os.path.abspath(recipe))  # as named: a linked recipe keeps its own name
+    if not named.is_relative_to(ROOT):  # e.g. run from a linked checkout
+        named = recipe.resolve()
+    named = named.relative_to(ROOT) if named.is_relative_to(ROOT) else named
     tensors = {name: t.to(torch.float16) for name, t in load_file(folder / WEIGHTS).items()}
     target.mkdir(parents=True, exist_ok=True)
     settings = json.loads(config.read_text())

@@ -79,9 +79,15 @@ def _used_names() -> set[str]:
     return {word for line in lines for word in json.loads(line)["title"].split()}
 
 
-def new_cases(count: int, seed: int = 21) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """Return `count` pairs (a lookup, an arithmetic question) in the new forms, and passages."""
-    rng, used = random.Random(seed), _used_names()
+def new_cases(
+    count: int, seed: int = 21, used: set[str] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Return `count` pairs (a lookup, an arithmetic question) in the new forms, and passages.
+
+    Entity names avoid `used` (default: the task corpus's), which is updated with the new ones.
+    """
+    rng = random.Random(seed)
+    used = _used_names() if used is None else used
     cases, passages = [], []
     for i in range(count):
         passage, question, form, kind = FACTS[i % len(FACTS)]

@@ -45,7 +45,7 @@ class Sampling:
         """
         if self.seed is None:
             return self
-        key = repr((self.seed, *keys)).encode()
+        key = repr((int(self.seed), *keys)).encode()  # 1, True and numpy's 1 alike
         digest = hashlib.blake2b(key, digest_size=8).digest()
         return replace(self, seed=int.from_bytes(digest, "big") >> 2)  # below 2**62
 

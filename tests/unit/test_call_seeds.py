@@ -56,3 +56,11 @@ def test_the_call_seed_keeps_the_other_settings() -> None:
     call = sampling.for_call("q", 2)
     assert call.seed != 0 and call.seed == sampling.for_call("q", 2).seed
     assert (call.temperature, call.top_p, call.max_new_tokens) == (0.3, 0.9, 7)
+
+
+def test_the_call_seed_is_the_same_in_every_process_and_apart_from_the_analysis() -> None:
+    # blake2b, not Python's salted hash(): a seeded eval draws alike on any machine
+    assert Sampling(seed=1).for_call("q", 1).seed == 2920908230457214056
+    assert Sampling(seed=True).for_call("q", 1).seed == 2920908230457214056  # the int 1
+    analysis, turn_one = (Sampling(seed=1).for_call("q", turn).seed for turn in (0, 1))
+    assert analysis != turn_one  # a policy-written analysis (turn 0) draws on its own
