@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
@@ -18,19 +17,11 @@ def lookup(query: str) -> str:
     return "paris"
 
 
-def engine() -> FakeChatModel:
-    def respond(messages: object, tools: list[dict[str, object]]) -> object:
-        if tools:
-            return AIMessage(
-                content="", tool_calls=[{"name": "lookup", "args": {"query": "q"}, "id": "1"}]
-            )
-        return "Conclusion: CONTINUE\n<answer>paris</answer>"
-
-    return FakeChatModel(respond=respond)
-
-
 def planner_seeds(question: str, seed: int | None) -> list[Any]:
-    graph = build_agentflow(ScriptedPolicy([plan("lookup")]), engine(), [lookup])
+    engine = FakeChatModel(  # calls lookup; never stops the loop
+        default_args={"query": "q"}, text="Conclusion: CONTINUE\n<answer>paris</answer>"
+    )
+    graph = build_agentflow(ScriptedPolicy([plan("lookup")]), engine, [lookup])
     state = graph.invoke({"question": question}, context=Context(max_turns=3, seed=seed))
     return [t["sampling"]["seed"] for t in state["transitions"] if t["node"] == "planner"]
 
