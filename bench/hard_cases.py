@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from flowlearn.evals.tool_task import CORPUS_FILE, arithmetic_cases, lookup_cases
-from flowlearn.evals.tool_task_diverse import ANSWERED_FIRST, FACTS, new_cases
+from flowlearn.evals.tool_task_diverse import ANSWERED_FIRST, FACTS, new_cases, used_names
 from flowlearn.nodes.policies.loading import SHIPPED_ADAPTER
 
 HERE = Path(__file__).resolve().parent
@@ -45,20 +45,19 @@ def pool(lookups: int, arithmetic: int, pairs: int, seed: int) -> tuple[list[dic
     The diverse split's lookups keep only the relations the untrained engine answers given the
     passage (`ANSWERED_FIRST[:5]`): a lookup it garbles rewards no search (run 13).
     """
-    corpus = [json.loads(line) for line in CORPUS_FILE.read_text().splitlines()]
-    used = {word for passage in corpus for word in passage["title"].split()}
+    used = used_names()
     rng = random.Random(seed)
     facts, passages = lookup_cases(lookups, rng, "hard", used)
     cases = arithmetic_cases(arithmetic, rng, "hard") + facts
-    answered = {f"diverse-fact-{i}" for i in range(pairs) if i % len(FACTS) in ANSWERED_FIRST[:5]}
     # `used` now holds the task corpus's names and the ones just drawn: no name twice (run 16's
     # pool, drawn before this, had "Mount Lusaex" and "Lusaex Dam")
     new, new_passages = new_cases(pairs, seed=seed, used=used)
-    for case in new:
-        if case["kind"] == "arithmetic" or case["id"] in answered:
-            cases.append({**case, "id": case["id"].replace("diverse", "hard-diverse")})
-    kept = {c["id"].removeprefix("hard-diverse-fact-") for c in cases if "diverse-fact" in c["id"]}
-    passages += [p for p in new_passages if p["id"].removeprefix("diverse-") in kept]
+    for i, passage in enumerate(new_passages):  # pair i: new[2i] its lookup, new[2i+1] arithmetic
+        lookup, math = ({**c, "id": "hard-" + c["id"]} for c in new[2 * i : 2 * i + 2])
+        cases.append(math)
+        if i % len(FACTS) in ANSWERED_FIRST[:5]:
+            cases.append(lookup)
+            passages.append(passage)
     return cases, passages
 
 
@@ -103,7 +102,7 @@ def eligible(case: dict[str, Any], lookup_forms: str, exclude: str | None) -> bo
     return exclude is None or re.search(exclude, case["question"]) is None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/hard"))
     parser.add_argument("--lookups", type=int, default=30, help="lookups in the task's forms")
@@ -116,20 +115,29 @@ def main() -> None:
     parser.add_argument("--reuse-probe", action="store_true", help="read --out/probe.jsonl")
     parser.add_argument("--name", default="train.jsonl", help="the rounds' file name in --out")
     parser.add_argument("--cache", type=Path, default=Path("runs/tool-choice-analyses-hard.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if min(args.per_kind, args.lookups, args.arithmetic, args.pairs) < 1:
         parser.error("--per-kind, --lookups, --arithmetic and --pairs must be at least 1")
+    try:
+        re.compile(args.exclude or "")
+    except re.error as exc:
+        parser.error(f"--exclude {args.exclude!r} is not a regular expression: {exc}")
     cases, passages = pool(args.lookups, args.arithmetic, args.pairs, args.seed)
+    if args.reuse_probe:  # checked before anything in --out is rewritten
+        if not (args.out / "probe.jsonl").is_file():
+            raise SystemExit(f"--reuse-probe: no {args.out}/probe.jsonl; run without it first")
+        probed = [json.loads(line) for line in (args.out / "probe.jsonl").read_text().splitlines()]
+        if [(c["id"], c["question"]) for c in probed] != [(c["id"], c["question"]) for c in cases]:
+            raise SystemExit(
+                f"--reuse-probe: {args.out}/probe.jsonl probed another pool (other --seed or "
+                "sizes); run without --reuse-probe to probe this one"
+            )
+        p = [c["p_right"] for c in probed]
     args.out.mkdir(parents=True, exist_ok=True)
     corpus = args.out / "corpus.jsonl"
     lines = CORPUS_FILE.read_text().splitlines() + [json.dumps(p) for p in passages]
     corpus.write_text("".join(line + "\n" for line in lines))
-    if args.reuse_probe:
-        probed = [json.loads(line) for line in (args.out / "probe.jsonl").read_text().splitlines()]
-        if [(c["id"], c["question"]) for c in probed] != [(c["id"], c["question"]) for c in cases]:
-            raise SystemExit("--reuse-probe: probe.jsonl is another pool's; probe again")
-        p = [c["p_right"] for c in probed]
-    else:
+    if not args.reuse_probe:
         p = probe(cases, args.cache, corpus)
         probed = [{**case, "p_right": round(q, 4)} for case, q in zip(cases, p, strict=True)]
         (args.out / "probe.jsonl").write_text("".join(json.dumps(c) + "\n" for c in probed))

@@ -73,7 +73,7 @@ leader 2 of 3, main export and anthem 2 of 6 (their answers are invented words i
 15 (`bench/learn_tools_warm.yaml`) trained on this order."""
 
 
-def _used_names() -> set[str]:
+def used_names() -> set[str]:
     """Every entity name of the task's corpus, so the new ones never repeat them."""
     lines = tool_task.CORPUS_FILE.read_text(encoding="utf-8").splitlines()
     return {word for line in lines for word in json.loads(line)["title"].split()}
@@ -87,7 +87,7 @@ def new_cases(
     Entity names avoid `used` (default: the task corpus's), which is updated with the new ones.
     """
     rng = random.Random(seed)
-    used = _used_names() if used is None else used
+    used = used_names() if used is None else used
     cases, passages = [], []
     for i in range(count):
         passage, question, form, kind = FACTS[i % len(FACTS)]

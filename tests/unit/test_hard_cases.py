@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from flowlearn.evals.tool_task import CORPUS_FILE
 
 BENCH = Path(__file__).parents[2] / "bench"
@@ -68,3 +70,25 @@ def test_its_recipe_is_the_warm_one_on_the_hard_rounds_at_a_lower_rate() -> None
     changed = {key for key in warm if warm[key] != hard[key]} - {"distributed_state"}
     assert changed == {"data", "corpus", "learning_rate", "output_dir"}
     assert hard["data"].startswith("runs/hard/") and hard["corpus"] == "runs/hard/corpus.jsonl"
+
+
+def test_bad_options_say_so_and_leave_out_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hard = load()
+    main = hard.main  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit, match=r"no .*probe\.jsonl; run without it first"):
+        main(["--out", str(tmp_path), "--reuse-probe"])
+    other = [{"id": "hard-math-0", "question": "What is 1 * 2?", "p_right": 0.5}]
+    (tmp_path / "probe.jsonl").write_text(json.dumps(other[0]) + "\n")
+    (tmp_path / "corpus.jsonl").write_text("kept\n")
+    with pytest.raises(SystemExit, match="probed another pool"):
+        main(["--out", str(tmp_path), "--reuse-probe"])
+    assert (tmp_path / "corpus.jsonl").read_text() == "kept\n"  # nothing rewritten
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--exclude", "(boxes"])
+    assert "--exclude '(boxes' is not a regular expression" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--per-kind", "0"])
+    assert "must be at least 1" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "probe.jsonl"]
