@@ -9,8 +9,9 @@ carries no gradient, so this builds rounds from questions the shipped planner is
 1. a fresh pool of both kinds, in the task's phrasings (`flowlearn.evals.tool_task`) and in the
    diverse split's (`flowlearn.evals.tool_task_diverse`, which no evaluation set uses), new
    names and numbers from `--seed`;
-2. each question's first planner prompt as the flow renders it (the untrained engine's greedy
-   query analysis, cached in `--cache`), and the shipped planner's probability of the right
+2. each question's first planner prompt as the flow renders it (with `--query-analysis`, as a
+   run with `Context.query_analysis` on: the untrained engine's greedy analysis, cached in
+   `--cache`), and the shipped planner's probability of the right
    tool's first token at T=0.7 (`bench/tool_choice.py`);
 3. the `--per-kind` questions of each kind with the lowest probability, in rounds of a lookup
    and an arithmetic question (hardest first), written with the task corpus plus the pool's
@@ -61,13 +62,17 @@ def pool(lookups: int, arithmetic: int, pairs: int, seed: int) -> tuple[list[dic
     return cases, passages
 
 
-def probe(cases: list[dict[str, Any]], cache: Path, corpus: Path) -> list[float]:
+def probe(
+    cases: list[dict[str, Any]], cache: Path, corpus: Path, *, query_analysis: bool = False
+) -> list[float]:
     """The shipped planner's p(right tool's first token) at T=0.7 on each case's first prompt."""
     sys.path.insert(0, str(HERE))
     import tool_choice
     from peft import PeftModel
 
-    prompts, model, tokenizer = tool_choice.first_prompts(cases, cache, corpus)
+    prompts, model, tokenizer = tool_choice.first_prompts(
+        cases, cache, corpus, query_analysis=query_analysis
+    )
     firsts = tool_choice.first_tokens(tokenizer, prompts[0], ["local_search", "python"])
     shipped = PeftModel.from_pretrained(model, SHIPPED_ADAPTER).eval()
     logits = tool_choice.next_token_logits(shipped, prompts)
@@ -115,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reuse-probe", action="store_true", help="read --out/probe.jsonl")
     parser.add_argument("--name", default="train.jsonl", help="the rounds' file name in --out")
     parser.add_argument("--cache", type=Path, default=Path("runs/tool-choice-analyses-hard.json"))
+    parser.add_argument("--query-analysis", action="store_true", help="prompts with the analysis")
     args = parser.parse_args(argv)
     if min(args.per_kind, args.lookups, args.arithmetic, args.pairs) < 1:
         parser.error("--per-kind, --lookups, --arithmetic and --pairs must be at least 1")
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = CORPUS_FILE.read_text().splitlines() + [json.dumps(p) for p in passages]
     corpus.write_text("".join(line + "\n" for line in lines))
     if not args.reuse_probe:
-        p = probe(cases, args.cache, corpus)
+        p = probe(cases, args.cache, corpus, query_analysis=args.query_analysis)
         probed = [{**case, "p_right": round(q, 4)} for case, q in zip(cases, p, strict=True)]
         (args.out / "probe.jsonl").write_text("".join(json.dumps(c) + "\n" for c in probed))
     keep = [eligible(c, args.lookup_forms, args.exclude) for c in cases]

@@ -3,7 +3,8 @@
 A held-out eval runs the whole flow (about 10 minutes for 48 questions on 2 cores); the tool
 choice is decided by the planner's first written token (the tool name comes first, after the
 prefilled "Tool Name:"). This renders each question's first planner prompt exactly as the flow
-does (the untrained engine's greedy query analysis, the default tools, `plan_messages`), then
+does (the default tools, `plan_messages`; with `--query-analysis`, the untrained engine's greedy
+analysis, as a run with `Context.query_analysis` on shows it), then
 reads the next-token distribution of the untrained planner and of each adapter given:
 - `greedy right`: questions whose most likely next token starts the right tool's name (what a
   greedy eval would choose, format errors aside);
@@ -14,8 +15,8 @@ A checkpoint is picked on training questions the run did not use (the default `-
 the held-out set is kept for the final eval.
 
 `--layout question-last` renders the prompt with the question repeated before the reply format,
-`--layout no-analysis` without the query analysis, `--layout no-examples` without the worked
-plans (untrained only: an adapter learned the shipped layout). Results:
+`--layout no-examples` without the worked plans (untrained only: an adapter learned the shipped
+layout). Results:
 `bench/results/tool_choice_*`.
 
 Run: `python bench/tool_choice.py runs/learn-tools/checkpoint-{8,12,16} [--cases FILE --skip N]`
@@ -50,8 +51,6 @@ LAYOUTS = {
     "question-last": PLANNER_PROMPT.replace(
         "This is step {turn}.\n", "This is step {turn}.\n\nQuestion: {question}\n"
     ),
-    # without the engine's query analysis (the untrained engine's is often a list of Pythons)
-    "no-analysis": PLANNER_PROMPT.replace("Query analysis:\n{analysis}\n\n", ""),
     # without the worked plans (one per tool, python's last)
     "no-examples": PLANNER_PROMPT.replace("{examples}", ""),
 }
@@ -68,7 +67,11 @@ def pick_cases(path: Path, skip: int, per_kind: int) -> list[dict[str, Any]]:
 
 
 def first_prompts(
-    cases: list[dict[str, Any]], cache: Path, corpus: Path = CORPUS_FILE
+    cases: list[dict[str, Any]],
+    cache: Path,
+    corpus: Path = CORPUS_FILE,
+    *,
+    query_analysis: bool = False,
 ) -> tuple[list[list[int]], Any, Any]:
     """Each case's first planner prompt ids (analyses cached in `cache`); the model, tokenizer."""
     spec = FlowSpec.from_env(planner="default-base", corpus=str(corpus), batch_size=16)
@@ -76,6 +79,29 @@ def first_prompts(
     tools = build_tools(spec, engine)
     catalogue = render_catalogue(tools)
     questions = [with_answer_instruction(c["question"]) for c in cases]
+    analyses = analyse(questions, tools, engine, cache) if query_analysis else {}
+    handle: Any = planner.handle  # type: ignore[attr-defined]
+    tokenizer = handle.tokenizer
+    prompts = [
+        chat_prompt_ids(
+            tokenizer,
+            planner_module.plan_messages(
+                {"question": q},  # type: ignore[typeddict-item]
+                Context(max_turns=1),
+                tools,
+                analysis=analyses.get(q),
+                tools=catalogue,
+                turn=1,
+                prefill=True,
+            ),
+        )
+        for q in questions
+    ]
+    return prompts, handle.model, tokenizer
+
+
+def analyse(questions: list[str], tools: Any, engine: Any, cache: Path) -> dict[str, str]:
+    """The untrained engine's greedy query analysis of each question, cached in `cache`."""
     # keyed by the analysis prompt's text: a changed prompt is analysed afresh
     asked = {q: planner_module.analysis_messages(q, tools) for q in questions}
     keys = {q: json.dumps(messages) for q, messages in asked.items()}
@@ -88,24 +114,7 @@ def first_prompts(
             known.update({keys[q]: text for q, text in zip(missing, replies, strict=True)})
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(known, indent=1))
-    handle: Any = planner.handle  # type: ignore[attr-defined]
-    tokenizer = handle.tokenizer
-    prompts = [
-        chat_prompt_ids(
-            tokenizer,
-            planner_module.plan_messages(
-                {"question": q},  # type: ignore[typeddict-item]
-                Context(max_turns=1),
-                tools,
-                analysis=known[keys[q]],
-                tools=catalogue,
-                turn=1,
-                prefill=True,
-            ),
-        )
-        for q in questions
-    ]
-    return prompts, handle.model, tokenizer
+    return {q: known[keys[q]] for q in questions}
 
 
 def first_tokens(tokenizer: Any, prompt: list[int], names: list[str]) -> dict[str, int]:
@@ -168,12 +177,17 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("runs/tool-choice-analyses.json"))
     parser.add_argument("--out", type=Path, default=None, help="append JSON lines here")
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="shipped")
+    parser.add_argument(
+        "--query-analysis",
+        action="store_true",
+        help="show the untrained engine's query analysis (a run with Context.query_analysis on)",
+    )
     args = parser.parse_args()
     if args.layout != "shipped" and args.adapters:
         parser.error("--layout compares the untrained planner only: adapters learned 'shipped'")
     planner_module.PLANNER_PROMPT = LAYOUTS[args.layout]
     cases = pick_cases(args.cases, args.skip, args.per_kind)
-    prompts, model, tokenizer = first_prompts(cases, args.cache)
+    prompts, model, tokenizer = first_prompts(cases, args.cache, query_analysis=args.query_analysis)
     names = ["local_search", "generalist", "python"]
     firsts = first_tokens(tokenizer, prompts[0], names)
     results = [

@@ -57,7 +57,6 @@ def main() -> None:
     planner = FakeListChatModel(responses=["Sub-Goal: multiply 17 by 23\nTool Name: multiply"])
     engine = FakeListChatModel(
         responses=[
-            "Goal: a product.",  # query analysis
             '{"a": 17, "b": 23}',  # executor arguments, turn 1
             '{"a": 17, "b": 23}',  # executor arguments, turn 2
             "17 * 23 = 391. <answer>391</answer>",  # generator

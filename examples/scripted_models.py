@@ -24,7 +24,6 @@ def scripted_flow(**kwargs: Any) -> Any:
     planner = FakeListChatModel(responses=["Sub-Goal: multiply 17 by 23\nTool Name: multiply"])
     engine = FakeListChatModel(
         responses=[
-            "Goal: a product.",  # query analysis
             '{"a": 17, "b": 23}',  # executor arguments
             "The product is known.\nConclusion: STOP",  # verifier
             "17 * 23 = 391. <answer>391</answer>",  # generator

@@ -100,6 +100,12 @@ def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int | None =
     flow.add_argument(
         "--max-steps", type=int, dest="max_turns", action=DeprecatedAlias, help=argparse.SUPPRESS
     )
+    flow.add_argument(
+        "--query-analysis",
+        action=argparse.BooleanOptionalAction,
+        default=by_name["query_analysis"].default,
+        help=by_name["query_analysis"].metadata["description"],
+    )
     flow.add_argument("--tools", help="comma-separated tool names to enable (default: all)")
     flow.add_argument("--corpus", help="JSONL corpus for local_search ($FLOWLEARN_CORPUS)")
     flow.add_argument(
@@ -120,6 +126,7 @@ def context_from_args(args: argparse.Namespace) -> Context:
     """Build the run's Context from the flags, as a usage error when a value is bad."""
     values = {name: getattr(args, name) for name in CONTEXT_FLAGS}
     values["tools"] = tuple(t.strip() for t in args.tools.split(",")) if args.tools else None
+    values["query_analysis"] = args.query_analysis
     try:
         return Context(**values)
     except ValueError as exc:

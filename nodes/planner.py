@@ -21,6 +21,7 @@ from flowlearn.nodes.prompts import (
     PLANNER_REPLY_PREFIX,
     QUERY_ANALYSIS_MAX_TOKENS,
     QUERY_ANALYSIS_PROMPT,
+    without_analysis,
 )
 from flowlearn.nodes.render import (
     emit,
@@ -133,16 +134,17 @@ def plan_messages(
     context: Context,
     available: Sequence[BaseTool],
     *,
-    analysis: str,
+    analysis: str | None,
     tools: str,
     turn: int,
     prefill: bool,
 ) -> list[dict[str, str]]:
-    """Render the planner's prompt for `turn`; with `prefill`, open its reply with the label."""
+    """Render the prompt for `turn`: reply opened if `prefill`, analysis section if given."""
+    template = PLANNER_PROMPT if analysis is not None else without_analysis(PLANNER_PROMPT)
     messages = prompt_messages(
-        PLANNER_PROMPT.format(
+        template.format(
             question=state["question"],
-            analysis=analysis,
+            analysis=analysis or "",
             tools=tools,
             memory=render_memory(state.get("memory", [])),
             turn=turn,
@@ -226,7 +228,8 @@ def make_planner(
         policy: The trainable policy that writes each turn's decision.
         tools: The tools bound to the graph; `Context.tools` may enable a subset per run.
         analysis_engine: A chat model for the first-visit query analysis, as in the paper
-            (the fixed engine); when None the policy writes the analysis too.
+            (the fixed engine); when None the policy writes the analysis too. Either runs
+            only when the run's `Context.query_analysis` is on.
         retry: How transient errors of the engine's and the policy's calls are retried (None:
             never). A failed analysis is recorded and the run goes on; a policy call that
             still fails raises (`TransientEngineError` from the last error).
@@ -273,8 +276,8 @@ def make_planner(
         catalogue = render_catalogue(available)
         sampling = context.planner_sampling()
         update: dict[str, Any] = {"started_at": started, "transitions": []}
-        analysis = state.get("analysis")
-        if not analysis:
+        analysis = state.get("analysis") if context.query_analysis else None
+        if context.query_analysis and not analysis:
             analysis, record = analyze(state["question"], available, sampling)
             update["analysis"] = analysis
             update["transitions"].append(record)

@@ -70,6 +70,16 @@ turn) is then shown the same first prompt under any other (`flowlearn eval`'s 10
 learning test's tiny planner, trained at two turns, chose python for every held-out question
 under "step 1 of at most 1" and the right tool for all of them under "step 1 of at most 2"."""
 
+ANALYSIS_SECTION = "Query analysis:\n{analysis}\n\n"  # left out when Context.query_analysis is off
+
+
+def without_analysis(template: str) -> str:
+    """Return `template` without its query-analysis section (the prompt of a run without one)."""
+    if ANALYSIS_SECTION not in template:
+        raise ValueError("the template has no query-analysis section to leave out")
+    return template.replace(ANALYSIS_SECTION, "")
+
+
 PLANNER_EXAMPLE = """Tool Name: {tool}
 Justification: {justification}
 Context: {context}

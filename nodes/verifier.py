@@ -21,6 +21,7 @@ from flowlearn.nodes.prompts import (
     VERIFIER_CONCLUSION_MAX_TOKENS,
     VERIFIER_MAX_TOKENS,
     VERIFIER_PROMPT,
+    without_analysis,
 )
 from flowlearn.nodes.render import emit, memory_prompt, transition
 from flowlearn.nodes.retry import ENGINE_RETRY
@@ -65,7 +66,9 @@ def make_verifier(
 
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         turn = state.get("turn", 0)
-        messages = memory_prompt(VERIFIER_PROMPT, state)
+        context = runtime.context or Context()
+        template = VERIFIER_PROMPT if context.query_analysis else without_analysis(VERIFIER_PROMPT)
+        messages = memory_prompt(template, state)
         reply = ask(messages)
         text, error = reply.text, reply.error
         verdict, clear = parse_verdict(text)

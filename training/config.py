@@ -61,6 +61,7 @@ class FlowGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Tool names to enable; default: all default tools."}
     )
     corpus: str | None = _help("JSONL corpus for local_search.", None)
+    query_analysis: bool = _help("See Context.query_analysis (default off).", False, **FLAG)
     engine_max_new_tokens: int | None = _help(
         "Fixed engine tokens per call; default: each role's own budget (nodes/prompts.py).", None
     )
@@ -128,9 +129,7 @@ class FlowGRPOConfig(GRPOConfig):
     seed: int = _help("Seed for data order and initialisation.", 0)
     bf16: bool | None = _help("bf16 training; default: on with CUDA.", None, **FLAG)  # type: ignore[assignment]
     gradient_checkpointing: bool | None = _help(  # type: ignore[assignment]
-        "Trade compute for memory; transformers 5 spells it activation_checkpointing. "
-        "Default: off.",
-        None,
+        "Trade compute for memory (transformers 5: activation_checkpointing); default off.", None
     )
 
     def __post_init__(self) -> None:
@@ -195,6 +194,7 @@ def context_from(
         planner_top_p=args.top_p,
         planner_max_new_tokens=args.max_completion_length or 512,
         tools=tuple(tools) if tools else None,
+        query_analysis=bool(getattr(args, "query_analysis", False)),
     )
 
 

@@ -46,6 +46,16 @@ class Context:
             "it, the question and the turn); None = random."
         },
     )
+    query_analysis: bool = field(
+        default=False,
+        metadata={
+            "description": "Have the fixed engine analyse the question before the first plan "
+            "(the paper's query analysis), shown to the planner and the verifier. Off by default: "
+            "the embedded 135M engine's analyses mislead more than they help, and the shipped "
+            "planner chooses its tool better without one (README, issue 18). A trained planner "
+            "should run as it was trained."
+        },
+    )
     tools: tuple[str, ...] | None = field(
         default=None,
         metadata={"description": "Names of the bound tools to enable; None enables all of them."},
@@ -91,6 +101,8 @@ class Context:
                 "tool_timeout_s must be > 0 (a finite number of seconds), "
                 f"got {self.tool_timeout_s!r}"
             )
+        if not isinstance(self.query_analysis, bool):  # "false" from a form would read true
+            raise ValueError(f"query_analysis must be true or false, got {self.query_analysis!r}")
         if self.tools is not None and not isinstance(self.tools, tuple):
             object.__setattr__(self, "tools", tuple(self.tools))
 

@@ -27,6 +27,7 @@ def test_run_streams_steps_and_saves_a_token_faithful_trajectory(
         "16",
         "--seed",
         "0",
+        "--query-analysis",
         "--save",
         str(out),
     ]
@@ -38,6 +39,7 @@ def test_run_streams_steps_and_saves_a_token_faithful_trajectory(
     assert len(lines) == 2
     run = json.loads(lines[0])
     assert run["question"] == "What is 17 * 23?" and run["context"]["max_turns"] == 2
+    assert run["context"]["query_analysis"] is True
     turns = [t for t in run["transitions"] if t["node"] == "planner"]
     assert turns
     for turn in turns:

@@ -56,7 +56,7 @@ def reply(text: str, **meta: Any) -> RecordingChatModel:
 
 
 def runtime() -> Any:
-    return SimpleNamespace(context=Context())
+    return SimpleNamespace(context=Context(query_analysis=True))
 
 
 STATE: dict[str, Any] = {"question": "What is the capital of Kenya?", "started_at": 0.0}

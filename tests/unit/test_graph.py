@@ -65,8 +65,7 @@ def test_run_stops_on_verifier_stop() -> None:
     assert state["turn"] == 1
     assert [r["kind"] for r in state["memory"]] == ["action", "verification"]
     assert state["memory"][0]["result"] == "391"
-    assert [t["node"] for t in state["transitions"]] == [
-        "query_analysis",
+    assert [t["node"] for t in state["transitions"]] == [  # no query analysis by default
         "planner",
         "executor",
         "verifier",

@@ -54,7 +54,7 @@ def test_two_hundred_concurrent_runs_do_not_share_memory(tmp_path: Path) -> None
         return graph.invoke(
             {"question": f"Double {n}"},
             config={"configurable": {"thread_id": f"run-{n}"}},
-            context=Context(max_turns=2),
+            context=Context(max_turns=2, query_analysis=True),
         )
 
     with ThreadPoolExecutor(max_workers=32) as pool:

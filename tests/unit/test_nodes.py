@@ -32,7 +32,7 @@ def test_planner_first_visit_analyses_then_plans() -> None:
     policy = ScriptedPolicy([plan("Add", sub_goal="add 2 and 3")])
     engine = FakeChatModel(text="Goal: add numbers.")
     node = make_planner(policy, [add], analysis_engine=engine)
-    update = node({"question": "2+3?"}, runtime())
+    update = node({"question": "2+3?"}, runtime(query_analysis=True))
     assert update["analysis"] == "Goal: add numbers."
     assert update["turn"] == 1
     assert update["plan"]["tool"] == "add"
@@ -54,12 +54,35 @@ def test_query_analysis_reads_the_brief_catalogue_and_the_planner_the_full_one()
     search.metadata = {"usage_notes": "Run a Python 3 program here? No: short queries."}
     policy = ScriptedPolicy([plan("search")])
     engine = FakeChatModel(text="Goal: find it.")
-    make_planner(policy, [search, add], analysis_engine=engine)({"question": "q?"}, runtime())
+    node = make_planner(policy, [search, add], analysis_engine=engine)
+    node({"question": "q?"}, runtime(query_analysis=True))
     analysed = str(engine.calls[0][-1].content)
     assert "- search: Search the notes.\n- add: Add two integers." in analysed
     assert "Usage notes" not in analysed and "Arguments" not in analysed
     planned = policy.calls[0][-1]["content"]
     assert "Usage notes: Run a Python 3 program here?" in planned and "Arguments:" in planned
+
+
+def test_without_query_analysis_no_engine_call_and_no_section_in_any_prompt() -> None:
+    policy = ScriptedPolicy([plan("add")] * 2)
+    engine = FakeChatModel(text="Goal: add numbers.")
+    node = make_planner(policy, [add], analysis_engine=engine)
+    update = node({"question": "2+3?"}, runtime())  # off by default
+    assert "analysis" not in update and engine.calls == []
+    assert [t["node"] for t in update["transitions"]] == ["planner"]
+    asked = policy.calls[0][-1]["content"]
+    assert "Query analysis" not in asked and "Question: 2+3?\n\nAvailable tools:" in asked
+    node({"question": "2+3?", "analysis": "LEFT OVER"}, runtime())  # off: never shown
+    assert "LEFT OVER" not in policy.calls[1][-1]["content"]
+    verifier_engine = FakeChatModel(text="Done.\nConclusion: STOP")
+    state = {"question": "2+3?", "analysis": "LEFT OVER", "memory": [], "turn": 1}
+    make_verifier(verifier_engine)(state, runtime())
+    judged = str(verifier_engine.calls[0][-1].content)
+    assert "Query analysis" not in judged and "LEFT OVER" not in judged
+    make_verifier(verifier_engine)(state, runtime(query_analysis=True))
+    assert "Query analysis:\nLEFT OVER" in str(verifier_engine.calls[1][-1].content)
+    with pytest.raises(ValueError, match="true or false"):
+        Context(query_analysis="false")  # type: ignore[arg-type]
 
 
 def test_planner_unknown_tool_is_a_recorded_format_error() -> None:

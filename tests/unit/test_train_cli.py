@@ -42,6 +42,9 @@ def test_yaml_and_flags_fill_trls_own_fields(tmp_path: Path) -> None:
     context = config.context()  # the planner samples with TRL's settings
     assert (context.planner_temperature, context.planner_max_new_tokens) == (0.5, 64)
     assert context.tools == ("python", "local_search") and context.max_turns == 3
+    assert context.query_analysis is False  # the flow's default
+    with_analysis = parse_config(["--config", str(tmp_path / "c.yaml"), "--query_analysis"])
+    assert with_analysis.context().query_analysis is True  # a bare flag, as a YAML `true`
 
 
 def test_the_kl_is_the_papers_plain_k3_unless_asked() -> None:
