@@ -60,8 +60,13 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int | None = None) -> None:
-    """Add the model, run-context and tool options (`max_turns` overrides its default)."""
+def add_flow_options(
+    parser: argparse.ArgumentParser,
+    *,
+    max_turns: int | None = None,
+    temperature: float | None = None,
+) -> None:
+    """Add the model, run-context and tool options (`max_turns`, `temperature`: their defaults)."""
     models = parser.add_argument_group("models")
     models.add_argument(
         "--planner", help="planner model: hub id, local folder or .gguf file ($FLOWLEARN_PLANNER)"
@@ -92,8 +97,9 @@ def add_flow_options(parser: argparse.ArgumentParser, *, max_turns: int | None =
     for name, flag in CONTEXT_FLAGS.items():
         f = by_name[name]
         default = f.default if f.default is not MISSING else None
-        if name == "max_turns" and max_turns is not None:
-            default = max_turns
+        overrides = {"max_turns": max_turns, "planner_temperature": temperature}
+        if overrides.get(name) is not None:
+            default = overrides[name]
         kind = int if name in {"max_turns", "planner_max_new_tokens", "seed"} else float
         help_text = f.metadata["description"] + (f" ({default})" if default is not None else "")
         flow.add_argument(flag, dest=name, type=kind, default=default, help=help_text)

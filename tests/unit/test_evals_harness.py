@@ -177,6 +177,20 @@ def test_token_f1_is_reachable_from_eval_collect_and_training(
     assert scorer("paris, France", cases[0]).value == pytest.approx(2 / 3)
 
 
+def test_eval_decodes_greedily_unless_asked_and_run_and_collect_sample() -> None:
+    from flowlearn.cli import build_parser
+    from flowlearn.flow_setup import context_from_args
+
+    def context(*argv: str) -> Context:
+        return context_from_args(build_parser().parse_args(list(argv)))
+
+    assert context("eval", "--benchmark", "gameof24").planner_temperature == 0.0
+    assert context("eval", "--temperature", "0.7").planner_temperature == 0.7
+    assert context("run", "q").planner_temperature == 0.7  # Context's default
+    collected = context("collect", "--benchmark", "gameof24", "--out", "r.jsonl")
+    assert collected.planner_temperature == 0.7 and collected.max_turns == 3
+
+
 def test_an_unknown_scorer_fails_before_any_work() -> None:
     from flowlearn.evals.tasks import load_cases_and_scorer
 
