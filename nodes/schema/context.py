@@ -49,8 +49,8 @@ class Context:
     query_analysis: bool = field(
         default=False,
         metadata={
-            "description": "Have the fixed engine analyse the question before the first plan "
-            "(the paper's query analysis), shown to the planner and the verifier. Off by default: "
+            "description": "Analyse the question before the first plan (the paper's query "
+            "analysis, by the fixed engine), shown to the planner and verifier. Off by default: "
             "the embedded 135M engine's analyses mislead more than they help, and the shipped "
             "planner chooses its tool better without one (README, issue 18). A trained planner "
             "should run as it was trained."
