@@ -58,7 +58,9 @@ def flow(respond: Flaky) -> Any:
 @pytest.mark.parametrize("prefix", ["Analyze", "Call the tool", "Judge whether", "Answer"])
 def test_transient_errors_are_retried_by_the_node(prefix: str) -> None:
     respond = Flaky(prefix, failures=2, error=TimeoutError("engine timed out"))
-    state = flow(respond).invoke({"question": "Capital of France?"}, context=Context(max_turns=1, query_analysis=True))
+    state = flow(respond).invoke(
+        {"question": "Capital of France?"}, context=Context(max_turns=1, query_analysis=True)
+    )
     assert respond.calls == 2
     assert state["answer"] == "Paris"
     assert all(t["parse_status"] != "error" for t in state["transitions"])
@@ -75,7 +77,9 @@ def test_transient_errors_are_retried_by_the_node(prefix: str) -> None:
 )
 def test_exhausted_retries_are_recorded_and_the_run_goes_on(prefix: str, node: str | None) -> None:
     respond = Flaky(prefix, failures=10, error=ConnectionError("engine down"))
-    state = flow(respond).invoke({"question": "q"}, context=Context(max_turns=1, query_analysis=True))
+    state = flow(respond).invoke(
+        {"question": "q"}, context=Context(max_turns=1, query_analysis=True)
+    )
     assert respond.calls == ENGINE_RETRY.max_attempts
     expected = "the engine failed (transient; retries exhausted): ConnectionError: engine down"
     if node is None:
@@ -136,7 +140,9 @@ def test_other_engine_errors_are_recorded_and_the_run_goes_on(
     prefix: str, node: str | None
 ) -> None:
     respond = Flaky(prefix, failures=10, error=ValueError("malformed request"))
-    state = flow(respond).invoke({"question": "Capital of France?"}, context=Context(max_turns=1, query_analysis=True))
+    state = flow(respond).invoke(
+        {"question": "Capital of France?"}, context=Context(max_turns=1, query_analysis=True)
+    )
     assert respond.calls == 1  # not retried
     if node is None:  # the executor records it as the step's error
         action = next(r for r in state["memory"] if r["kind"] == "action")

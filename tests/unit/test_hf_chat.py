@@ -70,7 +70,9 @@ def test_message_conversion_handles_tool_turns() -> None:
 
 def test_chat_model_serves_as_fixed_engine_in_a_full_run(chat: HFChatModel) -> None:
     graph = build_agentflow(ScriptedPolicy([plan("lookup")]), chat, [lookup])
-    state = graph.invoke({"question": "What is x?"}, context=Context(max_turns=2, query_analysis=True))
+    state = graph.invoke(
+        {"question": "What is x?"}, context=Context(max_turns=2, query_analysis=True)
+    )
     assert state["termination"] in {"verifier_stop", "max_turns"}
     assert state["final_text"] is not None and "answer" in state
     nodes = [t["node"] for t in state["transitions"]]
