@@ -87,7 +87,7 @@ def run_case(engine: Measured, question: str, tool: str, sub_goal: str) -> dict[
     planner = ScriptedPolicy([planner_turn(tool, sub_goal, question)])
     graph = build_agentflow(planner, engine, default_tools(engine))
     start = time.perf_counter()
-    state = graph.invoke({"question": question}, context=Context(max_turns=1))
+    state = graph.invoke({"question": question}, context=Context(max_turns=1, query_analysis=True))
     total = time.perf_counter() - start
     engine_nodes = [t for t in state["transitions"] if t["node"] != "planner"]
     calls = [

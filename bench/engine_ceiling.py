@@ -60,7 +60,9 @@ async def run_case(
     planner = ScriptedPolicy([plan(case, tools, kind)])
     graph = build_agentflow(planner, engine, tools)
     question = with_answer_instruction(case["question"])  # as `flowlearn eval` asks it
-    state = await graph.ainvoke({"question": question}, context=Context(max_turns=1))
+    state = await graph.ainvoke(
+        {"question": question}, context=Context(max_turns=1, query_analysis=True)
+    )
     actions = [m for m in state["memory"] if m.get("kind") == "action"]
     result = str(actions[0].get("result") or actions[0].get("error")) if actions else ""
     answer = str(state.get("answer") or "")

@@ -42,7 +42,7 @@ def respond(messages, tools):  # type: ignore[no-untyped-def]
 def graph_arm() -> float:
     policy, engine = ScriptedPolicy([plan("echo")]), FakeChatModel(respond=respond)
     graph = build_agentflow(policy, engine, [echo])
-    context = Context(max_turns=STEPS)
+    context = Context(max_turns=STEPS, query_analysis=True)  # as loop_arm: an analysis call
     start = time.perf_counter()
     for _ in range(RUNS):
         graph.invoke({"question": "q"}, context=context)

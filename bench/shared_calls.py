@@ -39,7 +39,7 @@ def run_arm(
     policy = BatchingPolicy(single, max_batch_size=16, share_greedy_calls=share)
     engine = HFChatModel(policy=policy)
     graph = build_agentflow(policy, engine, default_tools(engine, corpus=str(CORPUS_FILE)))
-    context = Context(max_turns=1, planner_temperature=0.7, seed=0)
+    context = Context(max_turns=1, planner_temperature=0.7, seed=0, query_analysis=True)
     start = time.perf_counter()
     rollouts = collect(
         graph,

@@ -9,7 +9,7 @@ reads the next-token distribution of the untrained planner and of each adapter g
 - `greedy right`: questions whose most likely next token starts the right tool's name (what a
   greedy eval would choose, format errors aside);
 - `p(right)`: the mean probability, at the sampling temperature, of the right tool's first
-  token (what `flowlearn eval`'s default T=0.7 would choose on average);
+  token (what a sampled eval, `--temperature 0.7`, would choose on average);
 - `p(other tool)`: the same for the other tools; the rest of the mass is format errors.
 A checkpoint is picked on training questions the run did not use (the default `--cases`);
 the held-out set is kept for the final eval.

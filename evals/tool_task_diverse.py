@@ -2,13 +2,14 @@
 
 The shipped planner (run 12) trained on the task's six relations and eight arithmetic phrasings.
 On a set of seven other relations and four other phrasings (`bench/outside_set.py --relations
-dev`), at `flowlearn eval`'s defaults, it sent 8 of 21 lookups to python ("What is the official
-language of Taidaia?") and 3 of 21 arithmetic questions to local_search ("Add 29140 to 715."):
-first tool right 66.7% against the untrained planner's 50.0% (session 21,
-bench/results/eval_defaults_dev_s21.md). Its choice followed the phrasings it was trained on,
-not what a question needs. This split trains on eight relations and eight phrasings that appear
-in no evaluation set (the task's held-out set, the outside set, the dev set), alternating with
-the task's own, so a planner trained on it can be tested on all three.
+dev`), at `flowlearn eval`'s defaults then (T=0.7, with the query analysis), it sent 8 of 21
+lookups to python ("What is the official language of Taidaia?") and 3 of 21 arithmetic
+questions to local_search ("Add 29140 to 715."): first tool right 66.7% against the untrained
+planner's 50.0% (session 21, bench/results/eval_defaults_dev_s21.md). Its choice followed the
+phrasings it was trained on, not what a question needs. This split trains on eight relations
+and eight phrasings that appear in no evaluation set (the task's held-out set, the outside set,
+the dev set), alternating with the task's own, so a planner trained on it can be tested on all
+three.
 
 Files (`python -m flowlearn.evals.tool_task_diverse` rewrites them; a test checks they match):
 `train_diverse.jsonl`, a lookup then an arithmetic question, the new relations and phrasings

@@ -42,7 +42,9 @@ def add_parser(commands: Any) -> None:
         default=Path("runs/checkpoints.sqlite"),
         help="SQLite checkpoint file (runs/checkpoints.sqlite)",
     )
-    add_flow_options(run)
+    # Greedy unless asked, as `eval`: the shipped planner's choice is surest greedy (README,
+    # "The planner's turn"); `--temperature 0.7` samples as AgentFlow does at inference.
+    add_flow_options(run, temperature=0.0)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The planner: query analysis on its first visit, then one decision per turn."""
+"""The planner: a query analysis on its first visit (if the run asks), then a decision per turn."""
 
 from __future__ import annotations
 
@@ -261,7 +261,6 @@ def make_planner(
         return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))
 
     def planner(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-
         context = runtime.context or Context()
         if not str(state.get("question") or "").strip():
             raise ValueError("the question is empty: invoke the graph with a non-empty 'question'")

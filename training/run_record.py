@@ -38,6 +38,7 @@ ROLLOUT_SETTINGS = (
     "limit",
     "corpus",
     "tools",
+    "query_analysis",
     "max_turns",
     "temperature",
     "top_p",
@@ -120,7 +121,8 @@ def check_run(config: Any, *, resuming: bool) -> str | None:
         if stored:  # an older flowlearn's run: its ids carry no run id, so none is reused
             logger.warning("%s has no %s: its stored rollouts are not reused", out, RUN_FILE)
         return None
-    before, now = record.get("rollout_settings", {}), rollout_settings(config)
+    before, now = dict(record.get("rollout_settings", {})), rollout_settings(config)
+    before.setdefault("query_analysis", True)  # recorded before it was a setting: always on
     changed = [name for name in ROLLOUT_SETTINGS if name in before and before[name] != now[name]]
     if changed and stored:
         diff = "; ".join(f"{name} {before[name]!r}, now {now[name]!r}" for name in changed)

@@ -51,9 +51,9 @@ class Context:
         metadata={
             "description": "Analyse the question before the first plan (the paper's query "
             "analysis, by the fixed engine), shown to the planner and verifier. Off by default: "
-            "the embedded 135M engine's analyses mislead more than they help, and the shipped "
-            "planner chooses its tool better without one (README, issue 18). A trained planner "
-            "should run as it was trained."
+            "the embedded 135M engine's analyses often mislead, and at greedy decoding the shipped "
+            "planner chooses its tool better without one (README, issue 18). Try both with a "
+            "planner trained with it."
         },
     )
     tools: tuple[str, ...] | None = field(

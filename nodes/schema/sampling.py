@@ -37,11 +37,11 @@ class Sampling:
         """Return these settings for one call, with a set seed turned into the call's own.
 
         One seed handed to every call made every call draw the same uniforms: under
-        `flowlearn eval --seed 1` the untrained planner searched for 1 of 24 lookups, one
-        correlated draw rather than one per case. The call's seed is a hash of the run's seed
-        and `keys` (the question and the turn), so a seeded run is reproducible whatever the
-        order calls finish in, and each question and turn draws on its own. Unseeded settings
-        come back unchanged (the policy draws from torch's generator).
+        `flowlearn eval --seed 1` (T=0.7, the default then) the untrained planner searched for
+        1 of 24 lookups, one correlated draw rather than one per case. The call's seed is a hash
+        of the run's seed and `keys` (the question and the turn), so a seeded run is
+        reproducible whatever the order calls finish in, and each question and turn draws on
+        its own. Unseeded settings come back unchanged (the policy draws from torch's generator).
         """
         if self.seed is None:
             return self

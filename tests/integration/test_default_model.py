@@ -62,4 +62,4 @@ def test_shipped_default_planner_answers_the_demo_through_python(
     run = json.loads(out.read_text())
     assert next(m["tool"] for m in run["memory"] if m.get("kind") == "action") == "python"
     planner = next(t for t in run["transitions"] if t["node"] == "planner")
-    assert planner["sampling"]["temperature"] == 0.7  # the CLI's default sampling
+    assert planner["sampling"]["temperature"] == 0.0  # `run` decodes greedily unless asked

@@ -177,7 +177,7 @@ def test_token_f1_is_reachable_from_eval_collect_and_training(
     assert scorer("paris, France", cases[0]).value == pytest.approx(2 / 3)
 
 
-def test_eval_decodes_greedily_unless_asked_and_run_and_collect_sample() -> None:
+def test_run_and_eval_decode_greedily_unless_asked_and_collect_samples() -> None:
     from flowlearn.cli import build_parser
     from flowlearn.flow_setup import context_from_args
 
@@ -186,7 +186,8 @@ def test_eval_decodes_greedily_unless_asked_and_run_and_collect_sample() -> None
 
     assert context("eval", "--benchmark", "gameof24").planner_temperature == 0.0
     assert context("eval", "--temperature", "0.7").planner_temperature == 0.7
-    assert context("run", "q").planner_temperature == 0.7  # Context's default
+    assert context("run", "q").planner_temperature == 0.0  # as eval
+    assert context("run", "q", "--temperature", "0.7").planner_temperature == 0.7
     collected = context("collect", "--benchmark", "gameof24", "--out", "r.jsonl")
     assert collected.planner_temperature == 0.7 and collected.max_turns == 3
 

@@ -119,6 +119,13 @@ def test_resume_with_other_rollout_settings_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"max_turns 2, now 3; temperature 0\.7, now 0\.5"):
         check_run(flow_config(out, temperature=0.5), resuming=True)
     assert check_run(flow_config(out, max_turns=2), resuming=True) == run_id
+    with pytest.raises(ValueError, match="query_analysis False, now True"):
+        check_run(flow_config(out, max_turns=2, query_analysis=True), resuming=True)
+    record = json.loads((out / "run.json").read_text())
+    del record["rollout_settings"]["query_analysis"]  # a run recorded before the setting
+    (out / "run.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="query_analysis True, now False"):  # it was always on
+        check_run(flow_config(out, max_turns=2), resuming=True)
 
 
 def test_max_completion_length_is_the_planners_budget() -> None:

@@ -119,9 +119,10 @@ def test_parquet_and_dataset_round_trips_are_lossless(tmp_path: Path) -> None:
     path = export_parquet(trajectories, tmp_path / "t.parquet")
     back = read_parquet(path)
     assert [t.to_dict() for t in back] == [t.to_dict() for t in trajectories]
+    turn = next(i for i, t in enumerate(trajectories[0].transitions) if t["node"] == "planner")
     assert (
-        load_trajectories(path)[0].transitions[1]["logprobs"]
-        == trajectories[0].transitions[1]["logprobs"]
+        load_trajectories(path)[0].transitions[turn]["logprobs"]
+        == trajectories[0].transitions[turn]["logprobs"]
     )
     dataset = to_dataset(trajectories)
     assert len(dataset) == 4

@@ -109,7 +109,7 @@ def test_vllm_engine_server_from_the_cli(
     before = len(stand_in.models_named)
     tiny = str(tiny_model_dir)
     flags = ["--max-turns", "1", "--max-new-tokens", "8", "--engine-max-new-tokens", "8"]
-    flags += ["--tools", "local_search", "--temperature", "0"]
+    flags += ["--tools", "local_search", "--temperature", "0", "--query-analysis"]  # served too
     # The planner local, the engine served.
     engine = ["--engine-url", url, "--engine", tiny]
     assert main(["run", "What is 2+2?", "--planner", tiny, *engine, *flags]) == 0
