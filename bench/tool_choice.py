@@ -192,7 +192,7 @@ def main() -> None:
     firsts = first_tokens(tokenizer, prompts[0], names)
     results = [
         report(
-            f"base ({args.layout})",
+            f"base ({args.layout}{', query analysis' if args.query_analysis else ''})",
             cases,
             next_token_logits(model, prompts),
             firsts,
