@@ -107,8 +107,11 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
         tools=[python_tool()],
         scorer=lambda answer, case: Score(float(random.random() < 0.5), "random reward"),
         cases=cases,
-        context=Context(
-            max_turns=args.turns, planner_temperature=1.0, planner_max_new_tokens=args.tokens
+        context=Context(  # with the analysis call, as the recorded figures (before session 24)
+            max_turns=args.turns,
+            planner_temperature=1.0,
+            planner_max_new_tokens=args.tokens,
+            query_analysis=True,
         ),
         processing_class=tok,
     )

@@ -117,7 +117,13 @@ def compare(
     cases = [
         Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(max(1, flows // group))
     ]
-    context = Context(max_turns=max_turns, planner_max_new_tokens=tokens, seed=0, max_seconds=None)
+    context = Context(  # with the analysis call, as the recorded figures (before session 24)
+        max_turns=max_turns,
+        planner_max_new_tokens=tokens,
+        seed=0,
+        max_seconds=None,
+        query_analysis=True,
+    )
     batched_seconds = sequential_seconds = reading = decoding = 0.0
     sizes: list[int] = []
     pairs = []

@@ -87,10 +87,11 @@ def flows_arm(args: argparse.Namespace, tokenizer: Any) -> tuple[float, list[dic
         version=args.model,
     )
     cases = [Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], None) for i in range(args.flows)]
-    context = Context(
+    context = Context(  # with the analysis call, as the recorded figures (before session 24)
         max_turns=args.max_turns,
         planner_temperature=args.temperature,
         planner_max_new_tokens=args.max_new_tokens,
+        query_analysis=True,
     )
     started = time.perf_counter()
     trajectories = collect(

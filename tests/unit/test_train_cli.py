@@ -45,6 +45,9 @@ def test_yaml_and_flags_fill_trls_own_fields(tmp_path: Path) -> None:
     assert context.query_analysis is False  # the flow's default
     with_analysis = parse_config(["--config", str(tmp_path / "c.yaml"), "--query_analysis"])
     assert with_analysis.context().query_analysis is True  # a bare flag, as a YAML `true`
+    (tmp_path / "bad.yaml").write_text("benchmark: gameof24\nquery_analysis: maybe\n")
+    with pytest.raises(ValueError, match=r"query_analysis.*got maybe"):
+        parse_config(["--config", str(tmp_path / "bad.yaml")])
 
 
 def test_the_kl_is_the_papers_plain_k3_unless_asked() -> None:
