@@ -9,7 +9,11 @@ by `--cases FILE --corpus FILE`: `bench/outside_set.py`'s outside set, or its `-
 set (a third set of relations, made to choose prompts on so the outside set stays a test).
 Sets of worked answers:
 - `before`, `session 14`: python's and Kenya's; python's, the author's, Kenya's;
-- `shipped`: `GENERATOR_EXAMPLES` (python's, the Kora Bridge length, the author's, Kenya's);
+- `shipped`: `GENERATOR_EXAMPLES` (python's 408 and -86, the Kora Bridge length, the author's,
+  Kenya's, Japan's highest mountain), the memory's tool's ordered by form, the nearest last
+  (`generator.ordered_examples`, session 25); every other set is shown as before session 25,
+  the memory's tool's examples last in their own order;
+- `by tool`: the four shipped in sessions 20-24 (python's 408, the length, the author's, Kenya's);
 - `kenya first`: Kenya's before the length and the author's (answers ending their passage last);
 - `negative`, `two pythons`, `negative last`: python's example printing -86 instead of 408, both
   with 408's last, both with -86's last;
@@ -29,6 +33,8 @@ three: 57/72 and 72/72; python's last for lookups: 9/72; Kenya's last for arithm
 Session 21, lookups right (task 72 / dev 21 / outside 12) and arithmetic: see
 bench/results/generator_examples.txt. No set beat `shipped` on every set: the engine picks the
 sentence's subject or the passage title, whichever example comes last.
+Session 25 (`by tool` against `shipped`): dev 24 -> 36 of 42 (negatives 1 -> 11 of 11, lookups
+13 -> 15 of 21), outside 21 -> 23 of 24, task 132 -> 131 of 144 (inventors 11 -> 8 of 12).
 Run: `python bench/generator_examples.py [--sets shipped,untitled] [--kinds lookup] [--show]`.
 """
 
@@ -51,13 +57,15 @@ from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.prompts import (
     ANSWER_STOP,
-    GENERATOR_EXAMPLES,
     GENERATOR_MAX_TOKENS,
 )
 from flowlearn.nodes.tools import python_tool
 from flowlearn.nodes.tools.local_search import local_search_tool
+from flowlearn.nodes.worked_answers import GENERATOR_EXAMPLES
 
-PYTHON, QUANTITY, AUTHOR, KENYA = GENERATOR_EXAMPLES
+PYTHON, NEGATIVE, QUANTITY, AUTHOR, KENYA, MOUNTAIN = GENERATOR_EXAMPLES
+SESSION_24 = (PYTHON, QUANTITY, AUTHOR, KENYA)
+"""The worked answers shipped in sessions 20-24, shown in order of tool only."""
 
 
 def _lookup(question: str, passages: list[tuple[str, str]], answer: str) -> Any:
@@ -73,12 +81,6 @@ def _lookup(question: str, passages: list[tuple[str, str]], answer: str) -> Any:
             f"{reply}<answer>{answer}</answer>")  # fmt: skip
 
 
-_NEGATIVE_CALL = {"sub_goal": "Compute 34 - 120.", "arguments": {"code": "34 - 120"}}
-NEGATIVE = (  # python's worked answer with a negative value printed
-    "What is 34 - 120?",
-    [{**PYTHON[1][0], **_NEGATIVE_CALL, "result": "-86\n"}, PYTHON[1][1]],
-    "The python tool printed -86. <answer>-86</answer>",
-)
 CURRENCY = _lookup(
     "What is the currency of Peru?",
     [("Peru", "The currency of Peru is the sol."), ("Chile", "The currency of Chile is the peso.")],
@@ -93,6 +95,7 @@ SETS: dict[str, tuple[Any, ...]] = {  # examples, the memory's tool's last
     "before": (PYTHON, KENYA),
     "session 14": (PYTHON, AUTHOR, KENYA),
     "shipped": (GENERATOR_EXAMPLES),
+    "by tool": SESSION_24,
     "kenya first": (PYTHON, KENYA, QUANTITY, AUTHOR),
     "negative": (NEGATIVE, QUANTITY, AUTHOR, KENYA),
     "currency": (PYTHON, QUANTITY, AUTHOR, CURRENCY, KENYA),
@@ -110,9 +113,11 @@ def untitled(steps: Any) -> Any:
             else s for s in steps]  # fmt: skip
 
 
-SETS["untitled"] = tuple((q, untitled(m), r) for q, m, r in GENERATOR_EXAMPLES)
+SETS["untitled"] = tuple((q, untitled(m), r) for q, m, r in SESSION_24)
 _TAGS = re.compile(r"<answer>.*</answer>")
-SETS["bare replies"] = tuple((q, m, _TAGS.search(r)[0]) for q, m, r in GENERATOR_EXAMPLES)  # type: ignore[index]
+SETS["bare replies"] = tuple((q, m, _TAGS.search(r)[0]) for q, m, r in SESSION_24)  # type: ignore[index]
+BY_TOOL = set(SETS) - {"shipped"}
+"""Sets measured before session 25, shown as then: the memory's tool's examples last, in order."""
 RELATIONS = ("capital", "founded", "author", "inventor", "river", "height")
 
 
@@ -153,12 +158,12 @@ async def main(sets: list[str], kinds: list[str], files: Any, show: bool = False
         HFChatModel(policy=policy), None, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP]
     )
 
-    async def right(case: dict[str, Any], examples: Any) -> bool:
+    async def right(case: dict[str, Any], examples: Any, by_form: bool) -> bool:
         steps = memory(case, search, sub_goals)
         if examples == SETS["untitled"]:
             steps = untitled(steps)
         state = {"question": with_answer_instruction(case["question"]), "memory": steps}
-        messages = generator_messages(state, examples)
+        messages = generator_messages(state, examples, by_form=by_form)
         reply = await asyncio.to_thread(ask, messages)
         mark = exact_match(read_answer(closed_reply(reply)).answer, case["answer"]).value == 1
         if show and not mark:
@@ -168,7 +173,8 @@ async def main(sets: list[str], kinds: list[str], files: Any, show: bool = False
     for name in sets:
         right_by: Counter[str] = Counter()
         total: Counter[str] = Counter()
-        marks = await asyncio.gather(*[right(case, SETS[name]) for case in cases])
+        by_form = name not in BY_TOOL
+        marks = await asyncio.gather(*[right(case, SETS[name], by_form) for case in cases])
         for case, mark in zip(cases, marks, strict=True):
             right_by[group(case)] += mark
             total[group(case)] += 1

@@ -17,18 +17,14 @@ from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies.engine_calls import EngineReply, role_call
-from flowlearn.nodes.prompts import (
-    ANSWER_STOP,
-    GENERATOR_ASKS,
-    GENERATOR_EXAMPLES,
-    GENERATOR_MAX_TOKENS,
-    GENERATOR_PROMPT,
-)
+from flowlearn.nodes.prompts import ANSWER_STOP, GENERATOR_MAX_TOKENS, GENERATOR_PROMPT
 from flowlearn.nodes.render import bare_question, emit, memory_prompt, transition
+from flowlearn.nodes.result_forms import likeness
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord
 from flowlearn.nodes.schema.state import State
+from flowlearn.nodes.worked_answers import GENERATOR_ASKS, GENERATOR_EXAMPLES
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -58,21 +54,39 @@ def closed_reply(reply: EngineReply) -> str:
 Example = tuple[str, Sequence[StepRecord], str]
 
 
-def ordered_examples(memory: Sequence[StepRecord], examples: Sequence[Example]) -> list[Example]:
-    """Return `examples` with those of the memory's last tool moved last, in their own order.
+def ordered_examples(
+    memory: Sequence[StepRecord], examples: Sequence[Example], *, by_form: bool = True
+) -> list[Example]:
+    """Return `examples` with those of the memory's last tool moved last, the nearest in form last.
 
-    A small engine copies the last worked answer it is shown (`prompts.GENERATOR_EXAMPLES`), so
-    the one closest to the memory comes last; a memory with no tool call keeps the order.
+    A small engine copies the last worked answer it is shown (`worked_answers`), so the ones of
+    the memory's last tool come last, ordered by how alike their result reads to the memory's
+    last result (`result_forms.likeness`; ties keep their order) unless `by_form` is off. A
+    memory with no tool call keeps the order.
     """
     tool = _last_tool(memory)
     if tool is None:
         return list(examples)
-    return sorted(examples, key=lambda example: _uses(example, tool))
+    result = _last_result(memory)
+
+    def key(example: Example) -> tuple[bool, float]:
+        if not _uses(example, tool):
+            return (False, 0.0)
+        return (True, likeness(result, _last_result(example[1])) if by_form else 0.0)
+
+    return sorted(examples, key=key)
 
 
 def _last_tool(memory: Sequence[StepRecord]) -> str | None:
     tools = [r.get("tool") for r in memory if r.get("kind") == "action" and r.get("tool")]
     return str(tools[-1]) if tools else None
+
+
+def _last_result(memory: Sequence[StepRecord]) -> str:
+    actions = [r for r in memory if r.get("kind") == "action" and r.get("tool")]
+    if not actions:
+        return ""
+    return str(actions[-1].get("result") or actions[-1].get("error") or "")
 
 
 def _uses(example: Example, tool: str) -> bool:
@@ -82,7 +96,7 @@ def _uses(example: Example, tool: str) -> bool:
 def echoed(memory: Sequence[StepRecord], examples: Sequence[Example]) -> list[Example]:
     """Return `examples`, those of the memory's last tool opening with what their question asks.
 
-    `prompts.GENERATOR_ASKS` holds the openings. Only the memory's own tool's examples get
+    `worked_answers.GENERATOR_ASKS` holds the openings. Only the memory's own tool's examples get
     them: with every lookup example echoed, the engine answering python's result after them
     got 64 of 71 arithmetic answers right against 71 (bench/results/generator_examples.txt).
     """
@@ -97,7 +111,10 @@ def echoed(memory: Sequence[StepRecord], examples: Sequence[Example]) -> list[Ex
 
 
 def generator_messages(
-    state: Mapping[str, Any], examples: Sequence[Example] = GENERATOR_EXAMPLES
+    state: Mapping[str, Any],
+    examples: Sequence[Example] = GENERATOR_EXAMPLES,
+    *,
+    by_form: bool = True,
 ) -> list[dict[str, str]]:
     """Return the generator's prompt: the worked answers, then the question and its memory.
 
@@ -108,7 +125,7 @@ def generator_messages(
     """
     asked = {**state, "question": bare_question(state["question"])}
     memory = state.get("memory", [])
-    shown = echoed(memory, ordered_examples(memory, examples))
+    shown = echoed(memory, ordered_examples(memory, examples, by_form=by_form))
     return memory_prompt(GENERATOR_PROMPT, asked, shown, arguments=False, sub_goals=False)
 
 

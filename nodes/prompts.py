@@ -7,8 +7,6 @@ Templates use `str.format` fields; a test renders each with its declared fields.
 
 from __future__ import annotations
 
-from flowlearn.nodes.schema.records import StepRecord
-
 SYSTEM_PROMPT = "You are a careful assistant that solves problems step by step with tools."
 
 QUERY_ANALYSIS_PROMPT = """\
@@ -175,109 +173,6 @@ lookups answered right with the plan example's sub-goals 9 -> 12 of 23 (held-out
 12 (`bench/outside_set.py`'s set), with the question as sub-goal 16 -> 17 of 21 and 8 -> 7 of 12;
 arithmetic unchanged (21 of 25, 7 of 12, 21 of 27, 7 of 12). A step's result then speaks for
 itself: local_search's passages carry their titles, python prints its value."""
-
-GENERATOR_EXAMPLES: tuple[tuple[str, list[StepRecord], str], ...] = (
-    (
-        "What is 12 * 34?",
-        [
-            {
-                "turn": 1,
-                "kind": "action",
-                "tool": "python",
-                "sub_goal": "Compute 12 * 34.",
-                "arguments": {"code": "12 * 34"},
-                "result": "408\n",
-                "error": None,
-            },
-            {"turn": 1, "kind": "verification", "verdict": "STOP"},
-        ],
-        "The python tool printed 408. <answer>408</answer>",
-    ),
-    (
-        "How long is the Kora Bridge, in metres?",
-        [
-            {
-                "turn": 1,
-                "kind": "action",
-                "tool": "local_search",
-                "sub_goal": "Find the length of the Kora Bridge.",
-                "arguments": {"query": "Kora Bridge length"},
-                "result": "[1] (id: kora-bridge) Kora Bridge\n"
-                "The Kora Bridge is 412 metres long.\n\n"
-                "[2] (id: tana-dam) Tana Dam\nThe Tana Dam is 96 metres high.",
-                "error": None,
-            },
-            {"turn": 1, "kind": "verification", "verdict": "STOP"},
-        ],
-        "The first passage says the Kora Bridge is 412 metres long. <answer>412</answer>",
-    ),
-    (
-        "Who wrote the novel The Glass Road?",
-        [
-            {
-                "turn": 1,
-                "kind": "action",
-                "tool": "local_search",
-                "sub_goal": "Find the author of The Glass Road.",
-                "arguments": {"query": "The Glass Road novel author"},
-                "result": "[1] (id: glass-road) The Glass Road\n"
-                "The Glass Road is a novel written by Ana Petrov.\n\n"
-                "[2] (id: red-hill) The Red Hill\nThe Red Hill is a novel written by Tom Berg.",
-                "error": None,
-            },
-            {"turn": 1, "kind": "verification", "verdict": "STOP"},
-        ],
-        "The first passage says The Glass Road is a novel written by Ana Petrov. "
-        "<answer>Ana Petrov</answer>",
-    ),
-    (
-        "What is the capital of Kenya?",
-        [
-            {
-                "turn": 1,
-                "kind": "action",
-                "tool": "local_search",
-                "sub_goal": "Find the capital of Kenya.",
-                "arguments": {"query": "capital of Kenya"},
-                "result": "[1] (id: kenya) Kenya\nNairobi is the capital of Kenya.\n\n"
-                "[2] (id: peru) Peru\nLima is the capital of Peru.",
-                "error": None,
-            },
-            {"turn": 1, "kind": "verification", "verdict": "STOP"},
-        ],
-        "The first passage says Nairobi is the capital of Kenya. <answer>Nairobi</answer>",
-    ),
-)
-"""Worked answers shown to the generator as earlier chat turns (question, memory, reply): a number
-from a tool's output, a quantity asked in its unit, a name that ends its passage and one that
-starts it, each answered with only the answer in its tags. The quantity's (session 20): without
-it the engine answered "159 metres" to a depth asked in metres; with it, lookups right from the
-engine's replayed calls 12 -> 13 of 23 held-out (plan-example sub-goals), 17 -> 17 of 21
-(question sub-goals) and 7 -> 8 of 12 on `bench/outside_set.py`'s set, arithmetic unchanged
-(`bench/generator_views.py`, views `no-sub-goal` and `quantity`). The generator shows the
-examples of the tool its memory used last after the others (`generator.ordered_examples`): the
-embedded SmolLM2 copies the last example's way of answering. Measured in session 14 on the 72
-train and held-out lookups (the passages their question finds) and 72 arithmetic questions (the
-right number printed): the python example and Kenya's alone, 40 lookups and 71 arithmetic right
-(the author's name at the end of its passage: 1 of 12); with the author's example before Kenya's,
-57 and 72 in the order chosen per tool, but 9 lookups when python's came last and 48 arithmetic
-when Kenya's did. Earlier (the python and Kenya examples, in that order), with the right tool
-result in memory: 35 of 48 held-out tool-task answers exactly right with them, 12 without (it
-answered in sentences); a year from a passage as a third example was copied into 11 answers. The
-first reply only names the printed number: when it restated the expression ("computed 12 * 34 and
-printed 408"), the engine recomputed sums in its head: 18 of 24 arithmetic answers right against
-20 with the shorter reply."""
-
-GENERATOR_ASKS = {
-    "How long is the Kora Bridge, in metres?": "the length of the Kora Bridge",
-    "Who wrote the novel The Glass Road?": "the author of The Glass Road",
-    "What is the capital of Kenya?": "the capital of Kenya",
-}
-"""What each worked lookup's question asks for: its reply opens with it ("The question asks for
-the capital of Kenya. The first passage says ...") when the memory's last tool is
-`local_search` (`generator.echoed`). Measured in session 21 with the right passages in memory
-(`bench/generator_examples.py`, set `question echo`): lookups right 56 -> 61 of 72 (task), 12 ->
-13 of 21 (`bench/outside_set.py --relations dev`), 7 -> 10 of 12 (the outside set)."""
 
 EMPTY_MEMORY = "(no steps yet)"
 

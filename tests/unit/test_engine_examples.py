@@ -15,9 +15,9 @@ from flowlearn.graphs import Context
 from flowlearn.nodes import make_executor, make_generator, make_verifier
 from flowlearn.nodes.executor import call_example_turns
 from flowlearn.nodes.generator import ordered_examples
-from flowlearn.nodes.prompts import GENERATOR_EXAMPLES
 from flowlearn.nodes.render import bare_question
 from flowlearn.nodes.tools import default_tools
+from flowlearn.nodes.worked_answers import GENERATOR_EXAMPLES
 
 STATE: dict[str, Any] = {
     "question": "What is 5 * 7?",
@@ -53,23 +53,47 @@ def recording(text: str, seen: list[list[BaseMessage]]) -> FakeChatModel:
     return FakeChatModel(respond=respond)
 
 
-def test_the_examples_of_the_memorys_last_tool_come_last_in_their_own_order() -> None:
-    python, quantity, author, kenya = GENERATOR_EXAMPLES
-    assert [e[0] for e in (quantity, author, kenya)] == [
+def search_step(sentence: str) -> dict[str, Any]:
+    result = f"[1] (id: a) A\n{sentence}\n\n[2] (id: b) B\nSomething else."
+    return {**STATE["memory"][0], "tool": "local_search", "result": result}
+
+
+def test_the_memorys_tool_examples_come_last_the_nearest_in_form_last() -> None:
+    python, negative, quantity, author, kenya, mountain = GENERATOR_EXAMPLES
+    assert [e[0] for e in (quantity, author, kenya, mountain)] == [
         "How long is the Kora Bridge, in metres?",
         "Who wrote the novel The Glass Road?",
         "What is the capital of Kenya?",
+        "What is the highest mountain of Japan?",
     ]
     assert quantity[2].endswith("<answer>412</answer>")  # the number, not "412 metres"
-    search = {**STATE["memory"][0], "tool": "local_search"}
-    assert ordered_examples([search], GENERATOR_EXAMPLES) == [python, quantity, author, kenya]
-    python_last = [quantity, author, kenya, python]
-    assert ordered_examples(STATE["memory"], GENERATOR_EXAMPLES) == python_last
+    assert negative[2].endswith("<answer>-86</answer>")  # the sign kept
+    lookups = [quantity, author, kenya, mountain]
+    # python's result: its examples last, the one printing a number of the same sign last.
+    assert ordered_examples(STATE["memory"], GENERATOR_EXAMPLES) == [*lookups, negative, python]
+    below = [{**STATE["memory"][0], "result": "-1266\n"}]
+    assert ordered_examples(below, GENERATOR_EXAMPLES)[-2:] == [python, negative]
+    # A lookup: the worked answer whose first passage reads most like the memory's comes last.
+    nearest = {
+        "Ligu is the largest city in Pukaia.": kenya,  # the answer opens the sentence
+        "The national animal of Rowiia is the Pekai.": mountain,  # ... or ends it
+        "The Zoneo Symphony was composed by Vuzu Bumeoheo.": author,
+        "The Hive Tower is 593 metres tall.": quantity,
+    }
+    for sentence, example in nearest.items():
+        shown = ordered_examples([search_step(sentence)], GENERATOR_EXAMPLES)
+        assert shown[:2] == [python, negative] and shown[-1] == example, sentence
+        assert sorted(shown[2:], key=GENERATOR_EXAMPLES.index) == lookups
+    # Without the form, the memory's tool's examples keep their order (as before session 25).
+    search = search_step("The national animal of Rowiia is the Pekai.")
+    assert ordered_examples([search], GENERATOR_EXAMPLES, by_form=False) == list(GENERATOR_EXAMPLES)
     both = [STATE["memory"][0], search]  # the last call decides
-    assert ordered_examples(both, GENERATOR_EXAMPLES) == [python, quantity, author, kenya]
-    assert ordered_examples([], GENERATOR_EXAMPLES) == [python, quantity, author, kenya]
+    assert ordered_examples(both, GENERATOR_EXAMPLES)[-1] == mountain
+    assert ordered_examples([], GENERATOR_EXAMPLES) == list(GENERATOR_EXAMPLES)
     unknown = [{**search, "tool": "my_tool"}]
-    assert ordered_examples(unknown, GENERATOR_EXAMPLES) == [python, quantity, author, kenya]
+    assert ordered_examples(unknown, GENERATOR_EXAMPLES) == list(GENERATOR_EXAMPLES)
+    failed = [{**STATE["memory"][0], "result": None, "error": "Error (exit code 1): boom"}]
+    assert ordered_examples(failed, GENERATOR_EXAMPLES)[:4] == lookups  # an error still orders
 
 
 def test_the_generator_sees_worked_answers_first_and_no_query_analysis() -> None:
@@ -170,6 +194,7 @@ def test_worked_lookup_replies_open_with_what_the_question_asks_only_after_a_loo
     replies = [m.text for m in seen[0][2:-1:2]]
     assert replies[0] == GENERATOR_EXAMPLES[0][2]  # python's, first and as written
     assert replies[-1].startswith("The question asks for the capital of Kenya. The first passage")
-    assert sum(r.startswith("The question asks for") for r in replies) == 3
+    assert replies[1] == GENERATOR_EXAMPLES[1][2]  # python's negative one, as written
+    assert sum(r.startswith("The question asks for") for r in replies) == 4
     make_generator(recording("<answer>35</answer>", seen))(STATE, runtime())  # python's memory
     assert not any("The question asks for" in m.text for m in seen[1])
