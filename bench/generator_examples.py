@@ -61,7 +61,7 @@ from flowlearn.nodes.prompts import (
 )
 from flowlearn.nodes.tools import python_tool
 from flowlearn.nodes.tools.local_search import local_search_tool
-from flowlearn.nodes.worked_answers import GENERATOR_EXAMPLES
+from flowlearn.nodes.worked_answers import GENERATOR_ASKS, GENERATOR_EXAMPLES
 
 PYTHON, NEGATIVE, QUANTITY, AUTHOR, KENYA, MOUNTAIN = GENERATOR_EXAMPLES
 SESSION_24 = (PYTHON, QUANTITY, AUTHOR, KENYA)
@@ -91,11 +91,26 @@ KENYA_LAST_WORD = _lookup(  # Kenya's, its passage ending with the answer
     [("Kenya", "The capital of Kenya is Nairobi."), ("Peru", "The capital of Peru is Lima.")],
     "Nairobi",
 )
+WAS_WRITTEN = _lookup(  # the author's, its passage in the passive of most "by" relations
+    "Who wrote the novel The Glass Road?",
+    [("The Glass Road", "The Glass Road was written by Ana Petrov."),
+     ("The Red Hill", "The Red Hill was written by Tom Berg.")],
+    "Ana Petrov",
+)  # fmt: skip
+DAM = _lookup(  # a second "by" answer, another relation
+    "Who built the Tana Dam?",
+    [("Tana Dam", "The Tana Dam was built by Lena Ost."),
+     ("Kora Bridge", "The Kora Bridge was built by Ivo Marn.")],
+    "Lena Ost",
+)  # fmt: skip
+GENERATOR_ASKS[DAM[0]] = "the builder of the Tana Dam"  # its reply opens with it, as the others
 SETS: dict[str, tuple[Any, ...]] = {  # examples, the memory's tool's last
     "before": (PYTHON, KENYA),
     "session 14": (PYTHON, AUTHOR, KENYA),
     "shipped": (GENERATOR_EXAMPLES),
     "by tool": SESSION_24,
+    "was written": (PYTHON, NEGATIVE, QUANTITY, WAS_WRITTEN, KENYA, MOUNTAIN),
+    "two by": (PYTHON, NEGATIVE, QUANTITY, AUTHOR, DAM, KENYA, MOUNTAIN),
     "kenya first": (PYTHON, KENYA, QUANTITY, AUTHOR),
     "negative": (NEGATIVE, QUANTITY, AUTHOR, KENYA),
     "currency": (PYTHON, QUANTITY, AUTHOR, CURRENCY, KENYA),
@@ -116,7 +131,7 @@ def untitled(steps: Any) -> Any:
 SETS["untitled"] = tuple((q, untitled(m), r) for q, m, r in SESSION_24)
 _TAGS = re.compile(r"<answer>.*</answer>")
 SETS["bare replies"] = tuple((q, m, _TAGS.search(r)[0]) for q, m, r in SESSION_24)  # type: ignore[index]
-BY_TOOL = set(SETS) - {"shipped"}
+BY_TOOL = set(SETS) - {"shipped", "was written", "two by"}
 """Sets measured before session 25, shown as then: the memory's tool's examples last, in order."""
 RELATIONS = ("capital", "founded", "author", "inventor", "river", "height")
 
