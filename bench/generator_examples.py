@@ -61,9 +61,9 @@ from flowlearn.nodes.prompts import (
 )
 from flowlearn.nodes.tools import python_tool
 from flowlearn.nodes.tools.local_search import local_search_tool
-from flowlearn.nodes.worked_answers import GENERATOR_ASKS, GENERATOR_EXAMPLES
+from flowlearn.nodes.worked_answers import GENERATOR_EXAMPLES
 
-PYTHON, NEGATIVE, QUANTITY, AUTHOR, KENYA, MOUNTAIN = GENERATOR_EXAMPLES
+PYTHON, NEGATIVE, QUANTITY, AUTHOR, DAM, KENYA, MOUNTAIN = GENERATOR_EXAMPLES
 SESSION_24 = (PYTHON, QUANTITY, AUTHOR, KENYA)
 """The worked answers shipped in sessions 20-24, shown in order of tool only."""
 
@@ -97,20 +97,13 @@ WAS_WRITTEN = _lookup(  # the author's, its passage in the passive of most "by" 
      ("The Red Hill", "The Red Hill was written by Tom Berg.")],
     "Ana Petrov",
 )  # fmt: skip
-DAM = _lookup(  # a second "by" answer, another relation
-    "Who built the Tana Dam?",
-    [("Tana Dam", "The Tana Dam was built by Lena Ost."),
-     ("Kora Bridge", "The Kora Bridge was built by Ivo Marn.")],
-    "Lena Ost",
-)  # fmt: skip
-GENERATOR_ASKS[DAM[0]] = "the builder of the Tana Dam"  # its reply opens with it, as the others
 SETS: dict[str, tuple[Any, ...]] = {  # examples, the memory's tool's last
     "before": (PYTHON, KENYA),
     "session 14": (PYTHON, AUTHOR, KENYA),
     "shipped": (GENERATOR_EXAMPLES),
     "by tool": SESSION_24,
     "was written": (PYTHON, NEGATIVE, QUANTITY, WAS_WRITTEN, KENYA, MOUNTAIN),
-    "two by": (PYTHON, NEGATIVE, QUANTITY, AUTHOR, DAM, KENYA, MOUNTAIN),
+    "session 25": (PYTHON, NEGATIVE, QUANTITY, AUTHOR, KENYA, MOUNTAIN),
     "kenya first": (PYTHON, KENYA, QUANTITY, AUTHOR),
     "negative": (NEGATIVE, QUANTITY, AUTHOR, KENYA),
     "currency": (PYTHON, QUANTITY, AUTHOR, CURRENCY, KENYA),
@@ -131,7 +124,7 @@ def untitled(steps: Any) -> Any:
 SETS["untitled"] = tuple((q, untitled(m), r) for q, m, r in SESSION_24)
 _TAGS = re.compile(r"<answer>.*</answer>")
 SETS["bare replies"] = tuple((q, m, _TAGS.search(r)[0]) for q, m, r in SESSION_24)  # type: ignore[index]
-BY_TOOL = set(SETS) - {"shipped", "was written", "two by"}
+BY_TOOL = set(SETS) - {"shipped", "was written", "session 25"}
 """Sets measured before session 25, shown as then: the memory's tool's examples last, in order."""
 RELATIONS = ("capital", "founded", "author", "inventor", "river", "height")
 

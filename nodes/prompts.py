@@ -132,6 +132,14 @@ the answer; continued with this label, for all 48 (`python bench/verifier_views.
 `bench/results/verifier_views.txt`). Without it every run went to `--max-turns`. An engine that
 writes its `Conclusion:` line never gets the second call."""
 
+VERDICT_CHOICES = (" STOP", " CONTINUE")
+"""What a local engine chooses between after `VERIFIER_CONCLUSION`, by its scores (the chat
+model's `choice`). Written freely (8 tokens, ending at a newline), the embedded SmolLM2's
+follow-up was empty in 17 of 245 calls over session 25's evals (held-out, outside and dev sets,
+both planners): it began a new line ("\nThe answer to the question ..."), read as CONTINUE, and
+the flow took a second turn that undid a right first one in 3 held-out questions. Replayed as
+this choice, all 228 free verdicts were kept (every one STOP) and the 17 empty ones chose STOP."""
+
 ANSWER_INSTRUCTION = (
     "When ready, output the final answer enclosed in <answer> and </answer> tags. "
     "Do not generate any content after the </answer> tag."

@@ -1,10 +1,12 @@
 """The verifier: judges whether memory answers the question, and stores its verdict.
 
-A reply with no clear `Conclusion:` line is continued once: a second, short engine call sees
-the reply so far and the label `Conclusion:` (`prompts.VERIFIER_CONCLUSION`), and its first
-word is the verdict. Both calls are recorded as verifier transitions of the turn; an engine
-that concludes on its own is called once. Anything still unclear means CONTINUE, as in
-AgentFlow.
+A reply with no clear `Conclusion:` line is continued once: a second engine call sees the
+reply so far and the label `Conclusion:` (`prompts.VERIFIER_CONCLUSION`), and its word is the
+verdict. An engine that scores given continuations (`HFChatModel.scores_choices`: the local
+models) is asked to choose between " STOP" and " CONTINUE" there (`prompts.VERDICT_CHOICES`);
+another writes a few words, read as before. Both calls are recorded as verifier transitions
+of the turn; an engine that concludes on its own is called once. Anything still unclear means
+CONTINUE, as in AgentFlow.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from langgraph.types import RetryPolicy
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.policies.engine_calls import EngineReply, RoleCall, role_call
 from flowlearn.nodes.prompts import (
+    VERDICT_CHOICES,
     VERIFIER_CONCLUSION,
     VERIFIER_CONCLUSION_MAX_TOKENS,
     VERIFIER_MAX_TOKENS,
@@ -62,7 +65,10 @@ def make_verifier(
 ) -> Callable[..., dict[str, Any]]:
     """Build the verifier node over the fixed engine, its calls retried per `retry`."""
     ask = role_call(engine, retry, max_tokens=VERIFIER_MAX_TOKENS)
-    conclude = role_call(engine, retry, max_tokens=VERIFIER_CONCLUSION_MAX_TOKENS, stop=["\n"])
+    choice = VERDICT_CHOICES if getattr(engine, "scores_choices", False) else ()
+    conclude = role_call(
+        engine, retry, max_tokens=VERIFIER_CONCLUSION_MAX_TOKENS, stop=["\n"], choice=choice
+    )
 
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         turn = state.get("turn", 0)

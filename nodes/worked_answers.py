@@ -80,6 +80,24 @@ GENERATOR_EXAMPLES: tuple[tuple[str, list[StepRecord], str], ...] = (
         "<answer>Ana Petrov</answer>",
     ),
     (
+        "Who built the Tana Dam?",
+        [
+            {
+                "turn": 1,
+                "kind": "action",
+                "tool": "local_search",
+                "sub_goal": "Find the builder of the Tana Dam.",
+                "arguments": {"query": "Tana Dam builder"},
+                "result": "[1] (id: tana-dam) Tana Dam\n"
+                "The Tana Dam was built by Lena Ost.\n\n"
+                "[2] (id: kora-bridge) Kora Bridge\nThe Kora Bridge was built by Ivo Marn.",
+                "error": None,
+            },
+            {"turn": 1, "kind": "verification", "verdict": "STOP"},
+        ],
+        "The first passage says the Tana Dam was built by Lena Ost. <answer>Lena Ost</answer>",
+    ),
+    (
         "What is the capital of Kenya?",
         [
             {
@@ -150,6 +168,7 @@ shorter reply."""
 GENERATOR_ASKS = {
     "How long is the Kora Bridge, in metres?": "the length of the Kora Bridge",
     "Who wrote the novel The Glass Road?": "the author of The Glass Road",
+    "Who built the Tana Dam?": "the builder of the Tana Dam",
     "What is the capital of Kenya?": "the capital of Kenya",
     "What is the highest mountain of Japan?": "the highest mountain of Japan",
 }

@@ -13,6 +13,7 @@ fails alone.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -117,6 +118,10 @@ class BatchingPolicy:
     def encode_chat(self, messages: Messages) -> list[int]:
         """Render `messages` with the chat template and return the prompt's token ids."""
         return self.wrapped.encode_chat(messages)
+
+    def forward_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Return the wrapped policy's forward scope (a base policy's adapter switch)."""
+        return self.wrapped.forward_scope()
 
     def generate(
         self,

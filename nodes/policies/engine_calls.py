@@ -53,6 +53,7 @@ def role_call(
     *,
     max_tokens: int,
     stop: Sequence[str] = (),
+    choice: Sequence[str] = (),
 ) -> RoleCall:
     """Bind `engine` with a role's budget and stop strings, retrying per `retry`.
 
@@ -62,6 +63,8 @@ def role_call(
     settings: dict[str, Any] = {"max_tokens": max_tokens}
     if stop:
         settings["stop"] = list(stop)
+    if choice:  # the reply is one of these, the likeliest (`HFChatModel`, `choices`)
+        settings["choice"] = list(choice)
     bound = engine.bind(**settings)
 
     def invoke(messages: Messages) -> EngineReply:

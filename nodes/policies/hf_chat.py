@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -35,6 +35,7 @@ from flowlearn.nodes.policies.chat_tools import (
     parse_tool_calls,
     salvage_forced_call,
 )
+from flowlearn.nodes.policies.choices import check_choices, choose
 from flowlearn.nodes.policies.hf import LocalPolicy, stream_text
 from flowlearn.nodes.policies.stops import RepetitionRule, StopWatch, held_back
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
@@ -78,7 +79,14 @@ class HFChatModel(BaseChatModel):
     `notes` says the same in words for the node's transition. The text omits the stop string
     and what follows it, as LangChain's `stop` means; `completion_ids` and `logprobs` are every
     generated token, the last of which completes the stop string.
+
+    A call given `choice` (a list of strings, vLLM's structured-output name) replies with
+    exactly one of them, the likeliest by the model's scores (`choices.choice_logprobs`,
+    written to `response_metadata["choice_logprobs"]`); nothing is generated.
     """
+
+    scores_choices: ClassVar[bool] = True
+    """Whether a call may be given `choice` (a served model's scores are not at hand here)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -174,6 +182,8 @@ class HFChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        if kwargs.get("choice") is not None:
+            return self._chosen(to_chat_dicts(messages), kwargs["choice"])
         chat, sampling, tools, choice = self._prepare(messages, kwargs)
         watch = self._watch(stop, chat)
         gen = self.policy.generate(chat, sampling, stopping=watch)
@@ -198,6 +208,14 @@ class HFChatModel(BaseChatModel):
                 "total_tokens": len(gen.prompt_ids or []) + len(gen.completion_ids or []),
             },
         )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _chosen(self, chat: Messages, choices: object) -> ChatResult:
+        """Reply with the likeliest of `choices` (see the class docstring)."""
+        if not self.scores_choices:
+            raise ValueError(f"{type(self).__name__} cannot score a `choice`; call without it")
+        best, meta = choose(self.policy, chat, check_choices(choices))
+        message = AIMessage(content=best, response_metadata={"model": self.policy.version, **meta})
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _ending(
@@ -248,7 +266,7 @@ class HFChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         chat, sampling, tools, _ = self._prepare(messages, kwargs)
-        if tools:  # a tool call is only known once the whole JSON is there
+        if tools or kwargs.get("choice") is not None:  # known only once whole
             yield self._whole_reply(messages, stop, run_manager, **kwargs)
             return
         watch = self._watch(stop, chat)

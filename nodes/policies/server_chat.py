@@ -14,7 +14,7 @@ its own name, the engine as the base model (`--engine-url` with `--engine` namin
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.messages import BaseMessage
@@ -33,6 +33,9 @@ class ServerChatModel(HFChatModel):
     """
 
     policy: ServerPolicy = Field(exclude=True)  # type: ignore[assignment]
+    scores_choices: ClassVar[bool] = False
+    """A `choice` call is refused: the completions API gives no scores of given continuations.
+    The verifier then reads its free follow-up (`verifier.make_verifier`)."""
 
     def model_post_init(self, context: Any, /) -> None:
         """Refuse a server policy without the model's tokenizer.

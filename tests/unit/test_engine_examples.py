@@ -59,16 +59,17 @@ def search_step(sentence: str) -> dict[str, Any]:
 
 
 def test_the_memorys_tool_examples_come_last_the_nearest_in_form_last() -> None:
-    python, negative, quantity, author, kenya, mountain = GENERATOR_EXAMPLES
-    assert [e[0] for e in (quantity, author, kenya, mountain)] == [
+    python, negative, quantity, author, dam, kenya, mountain = GENERATOR_EXAMPLES
+    assert [e[0] for e in (quantity, author, dam, kenya, mountain)] == [
         "How long is the Kora Bridge, in metres?",
         "Who wrote the novel The Glass Road?",
+        "Who built the Tana Dam?",
         "What is the capital of Kenya?",
         "What is the highest mountain of Japan?",
     ]
     assert quantity[2].endswith("<answer>412</answer>")  # the number, not "412 metres"
     assert negative[2].endswith("<answer>-86</answer>")  # the sign kept
-    lookups = [quantity, author, kenya, mountain]
+    lookups = [quantity, author, dam, kenya, mountain]
     # python's result: its examples last, the one printing a number of the same sign last.
     assert ordered_examples(STATE["memory"], GENERATOR_EXAMPLES) == [*lookups, negative, python]
     below = [{**STATE["memory"][0], "result": "-1266\n"}]
@@ -77,7 +78,8 @@ def test_the_memorys_tool_examples_come_last_the_nearest_in_form_last() -> None:
     nearest = {
         "Ligu is the largest city in Pukaia.": kenya,  # the answer opens the sentence
         "The national animal of Rowiia is the Pekai.": mountain,  # ... or ends it
-        "The Zoneo Symphony was composed by Vuzu Bumeoheo.": author,
+        "The Zoneo Symphony was composed by Vuzu Bumeoheo.": dam,  # "was ... by"
+        "The Kipa Road is a film directed by Hosu Redoto.": author,  # "is a ... by"
         "The Hive Tower is 593 metres tall.": quantity,
     }
     for sentence, example in nearest.items():
@@ -93,7 +95,7 @@ def test_the_memorys_tool_examples_come_last_the_nearest_in_form_last() -> None:
     unknown = [{**search, "tool": "my_tool"}]
     assert ordered_examples(unknown, GENERATOR_EXAMPLES) == list(GENERATOR_EXAMPLES)
     failed = [{**STATE["memory"][0], "result": None, "error": "Error (exit code 1): boom"}]
-    assert ordered_examples(failed, GENERATOR_EXAMPLES)[:4] == lookups  # an error still orders
+    assert ordered_examples(failed, GENERATOR_EXAMPLES)[:5] == lookups  # an error still orders
 
 
 def test_the_generator_sees_worked_answers_first_and_no_query_analysis() -> None:
@@ -195,6 +197,6 @@ def test_worked_lookup_replies_open_with_what_the_question_asks_only_after_a_loo
     assert replies[0] == GENERATOR_EXAMPLES[0][2]  # python's, first and as written
     assert replies[-1].startswith("The question asks for the capital of Kenya. The first passage")
     assert replies[1] == GENERATOR_EXAMPLES[1][2]  # python's negative one, as written
-    assert sum(r.startswith("The question asks for") for r in replies) == 4
+    assert sum(r.startswith("The question asks for") for r in replies) == 5
     make_generator(recording("<answer>35</answer>", seen))(STATE, runtime())  # python's memory
     assert not any("The question asks for" in m.text for m in seen[1])
