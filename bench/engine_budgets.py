@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.messages import BaseMessage
@@ -75,9 +75,15 @@ class Measured(HFChatModel):
         return result
 
 
+class Before(Measured):
+    """The engine before the budgets, which also wrote the verifier's follow-up (no `choice`)."""
+
+    scores_choices: ClassVar[bool] = False
+
+
 def engines(policy: HFPolicy) -> dict[str, Measured]:
     """Build the engine as it was before, and as it is now."""
-    before = Measured(policy=policy, fixed_max_new_tokens=384, repetition=None, honour_stop=False)
+    before = Before(policy=policy, fixed_max_new_tokens=384, repetition=None, honour_stop=False)
     return {"before": before, "after": Measured(policy=policy, max_new_tokens=ENGINE_MAX_TOKENS)}
 
 

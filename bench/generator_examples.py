@@ -10,9 +10,12 @@ set (a third set of relations, made to choose prompts on so the outside set stay
 Sets of worked answers:
 - `before`, `session 14`: python's and Kenya's; python's, the author's, Kenya's;
 - `shipped`: `GENERATOR_EXAMPLES` (python's 408 and -86, the Kora Bridge length, the author's,
-  Kenya's, Japan's highest mountain), the memory's tool's ordered by form, the nearest last
-  (`generator.ordered_examples`, session 25); every other set is shown as before session 25,
-  the memory's tool's examples last in their own order;
+  the Tana Dam's builder, Kenya's, Japan's highest mountain), the memory's tool's ordered by
+  form, the nearest last (`generator.ordered_examples`, session 25); `session 25` and `was
+  written` likewise; every other set is shown as before session 25, the memory's tool's
+  examples last in their own order;
+- `session 25`: the six shipped then (no Tana Dam); `was written`: those with the author's
+  passage in the passive ("The Glass Road was written by Ana Petrov.");
 - `by tool`: the four shipped in sessions 20-24 (python's 408, the length, the author's, Kenya's);
 - `kenya first`: Kenya's before the length and the author's (answers ending their passage last);
 - `negative`, `two pythons`, `negative last`: python's example printing -86 instead of 408, both
@@ -35,6 +38,8 @@ bench/results/generator_examples.txt. No set beat `shipped` on every set: the en
 sentence's subject or the passage title, whichever example comes last.
 Session 25 (`by tool` against `shipped`): dev 24 -> 36 of 42 (negatives 1 -> 11 of 11, lookups
 13 -> 15 of 21), outside 21 -> 23 of 24, task 132 -> 131 of 144 (inventors 11 -> 8 of 12).
+Session 26 (`session 25` against `shipped`, the Tana Dam's added), lookups: task 59 -> 62 of 72
+(inventors 8 -> 12), dev 15 -> 17 of 21, outside 11 of 12 both.
 Run: `python bench/generator_examples.py [--sets shipped,untitled] [--kinds lookup] [--show]`.
 """
 

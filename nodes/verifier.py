@@ -50,8 +50,9 @@ def _concluded(
 ) -> tuple[Messages, EngineReply, str]:
     """Continue `analysis` after its `Conclusion:` label; return the chat, reply and whole text.
 
-    A local chat model continues the final assistant message and returns it with the label
-    (`HFChatModel`); another chat model replies anew, and its reply is read after the label.
+    A local chat model writing its follow-up continues the final assistant message and returns
+    it with the label (`HFChatModel`); one choosing returns only its choice, and another chat
+    model replies anew: their replies are read after the label.
     """
     opened = f"{analysis.rstrip()}\n{VERIFIER_CONCLUSION}"
     chat = [*messages, {"role": "assistant", "content": opened}]
@@ -65,10 +66,10 @@ def make_verifier(
 ) -> Callable[..., dict[str, Any]]:
     """Build the verifier node over the fixed engine, its calls retried per `retry`."""
     ask = role_call(engine, retry, max_tokens=VERIFIER_MAX_TOKENS)
-    choice = VERDICT_CHOICES if getattr(engine, "scores_choices", False) else ()
-    conclude = role_call(
-        engine, retry, max_tokens=VERIFIER_CONCLUSION_MAX_TOKENS, stop=["\n"], choice=choice
-    )
+    if getattr(engine, "scores_choices", False):
+        conclude = role_call(engine, retry, choice=VERDICT_CHOICES)
+    else:
+        conclude = role_call(engine, retry, max_tokens=VERIFIER_CONCLUSION_MAX_TOKENS, stop=["\n"])
 
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         turn = state.get("turn", 0)

@@ -51,16 +51,26 @@ def role_call(
     engine: BaseChatModel,
     retry: RetryPolicy | None,
     *,
-    max_tokens: int,
+    max_tokens: int | None = None,
     stop: Sequence[str] = (),
     choice: Sequence[str] = (),
 ) -> RoleCall:
-    """Bind `engine` with a role's budget and stop strings, retrying per `retry`.
+    """Bind `engine` with a role's budget and stop strings, or a `choice`; retry per `retry`.
+
+    A `choice` (a local engine's, `HFChatModel`) is the list the reply must be one of.
 
     The returned call never raises: an error that outlives the retries comes back as
     `EngineReply.error`, which the node records, and the run goes on.
+
+    Raises:
+        ValueError: both a budget or stop strings and a choice, or neither a budget nor a choice.
+
     """
-    settings: dict[str, Any] = {"max_tokens": max_tokens}
+    if (max_tokens is None) == (not choice) or (choice and stop):
+        raise ValueError(
+            "an engine role's call is written (max_tokens, maybe stop) or chosen (choice alone)"
+        )
+    settings: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
     if stop:
         settings["stop"] = list(stop)
     if choice:  # the reply is one of these, the likeliest (`HFChatModel`, `choices`)

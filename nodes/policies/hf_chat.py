@@ -35,7 +35,7 @@ from flowlearn.nodes.policies.chat_tools import (
     parse_tool_calls,
     salvage_forced_call,
 )
-from flowlearn.nodes.policies.choices import check_choices, choose
+from flowlearn.nodes.policies.choices import ScoringPolicy, check_choices, choose
 from flowlearn.nodes.policies.hf import LocalPolicy, stream_text
 from flowlearn.nodes.policies.stops import RepetitionRule, StopWatch, held_back
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
@@ -80,9 +80,9 @@ class HFChatModel(BaseChatModel):
     and what follows it, as LangChain's `stop` means; `completion_ids` and `logprobs` are every
     generated token, the last of which completes the stop string.
 
-    A call given `choice` (a list of strings, vLLM's structured-output name) replies with
-    exactly one of them, the likeliest by the model's scores (`choices.choice_logprobs`,
-    written to `response_metadata["choice_logprobs"]`); nothing is generated.
+    A call given `choice` (a list of strings, as vLLM's structured outputs name it) replies with
+    one of them, the likeliest by the model's scores or sampled at a temperature (`choices`);
+    nothing is generated, so budget and stop strings do not apply, and tools are an error.
     """
 
     scores_choices: ClassVar[bool] = True
@@ -183,7 +183,7 @@ class HFChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         if kwargs.get("choice") is not None:
-            return self._chosen(to_chat_dicts(messages), kwargs["choice"])
+            return self._chosen(to_chat_dicts(messages), kwargs)
         chat, sampling, tools, choice = self._prepare(messages, kwargs)
         watch = self._watch(stop, chat)
         gen = self.policy.generate(chat, sampling, stopping=watch)
@@ -210,11 +210,15 @@ class HFChatModel(BaseChatModel):
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
-    def _chosen(self, chat: Messages, choices: object) -> ChatResult:
-        """Reply with the likeliest of `choices` (see the class docstring)."""
-        if not self.scores_choices:
+    def _chosen(self, chat: Messages, kwargs: dict[str, Any]) -> ChatResult:
+        """Reply with one of `kwargs["choice"]` (see the class docstring)."""
+        if not self.scores_choices or not isinstance(self.policy, ScoringPolicy):
             raise ValueError(f"{type(self).__name__} cannot score a `choice`; call without it")
-        best, meta = choose(self.policy, chat, check_choices(choices))
+        if kwargs.get("tools") or kwargs.get("tool_choice"):
+            raise ValueError("a call cannot have both `choice` and tools: give one of them")
+        temperature = float(kwargs.get("temperature", self.temperature))
+        choices = check_choices(kwargs["choice"])
+        best, meta = choose(self.policy, chat, choices, temperature)
         message = AIMessage(content=best, response_metadata={"model": self.policy.version, **meta})
         return ChatResult(generations=[ChatGeneration(message=message)])
 

@@ -1,8 +1,9 @@
 """The fixed engine on an OpenAI-compatible server (vLLM): `HFChatModel`'s conventions, remote.
 
 Everything but the forward passes stays as for a local engine, so a flow behaves the same with
-its engine here or there: the model's chat template is applied here with its tokenizer and the
-prompt goes to `/v1/completions` as token ids (`ServerPolicy`); tools are called by the same
+its engine here or there, but for the verifier's follow-up (a served engine writes it, a local
+one chooses it: `scores_choices`). The model's chat template is applied here with its tokenizer
+and the prompt goes to `/v1/completions` as token ids (`ServerPolicy`); tools are called by the same
 JSON convention with the same prefill (`chat_tools`); stop strings travel as the request's
 `stop`, and the call's `StopWatch` (stop strings, a closed tool call, a degenerate repetition)
 is run over the ids the server returns, cutting them where a local decode would have stopped.
@@ -34,8 +35,9 @@ class ServerChatModel(HFChatModel):
 
     policy: ServerPolicy = Field(exclude=True)  # type: ignore[assignment]
     scores_choices: ClassVar[bool] = False
-    """A `choice` call is refused: the completions API gives no scores of given continuations.
-    The verifier then reads its free follow-up (`verifier.make_verifier`)."""
+    """A `choice` call is refused, so the verifier's follow-up is written (`verifier`), not chosen
+    as a local engine's is. vLLM could score choices (`prompt_logprobs`) or constrain to them
+    (structured outputs' `choice`); not done: no vLLM here to check its replies against."""
 
     def model_post_init(self, context: Any, /) -> None:
         """Refuse a server policy without the model's tokenizer.

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage
+from langchain_core.tools import tool
 from pydantic import Field
 
 from fakes import FakeChatModel
@@ -17,14 +18,23 @@ from flowlearn.graphs import Context
 from flowlearn.nodes import make_verifier
 from flowlearn.nodes.policies import (
     BatchingPolicy,
+    FrozenBasePolicy,
     HFChatModel,
     HFPolicy,
     ServerChatModel,
     ServerPolicy,
 )
 from flowlearn.nodes.policies.choices import choice_logprobs
+from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.policies.hf import chat_prompt_ids
 from flowlearn.nodes.prompts import VERDICT_CHOICES
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
 
 CHAT = [{"role": "user", "content": "Is 2 + 2 = 4?"}, {"role": "assistant", "content": "So:"}]
 
@@ -34,12 +44,17 @@ def policy(tiny_model_dir: Path) -> Iterator[HFPolicy]:
     yield HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu")
 
 
-def by_hand(policy: HFPolicy, choice: str) -> float:
-    """log p(choice | CHAT): the model read on the whole sequence, its choice's tokens summed."""
+def by_hand(policy: HFPolicy, choice: str, *, prefill: bool = True) -> float:
+    """log p(choice | CHAT): the model read on the whole sequence, its choice's tokens summed.
+
+    Without the prefill, the choice is the whole of a new reply to the user's message.
+    """
     import torch
 
-    base = chat_prompt_ids(policy.tokenizer, CHAT)
-    full = chat_prompt_ids(policy.tokenizer, [CHAT[0], {**CHAT[1], "content": "So:" + choice}])
+    chat = CHAT if prefill else CHAT[:1]
+    base = chat_prompt_ids(policy.tokenizer, chat)
+    said = "So:" + choice if prefill else choice
+    full = chat_prompt_ids(policy.tokenizer, [CHAT[0], {**CHAT[1], "content": said}])
     pairs = zip(base, full, strict=False)  # full is longer
     start = next((i for i, (a, b) in enumerate(pairs) if a != b), len(base))
     with torch.no_grad():
@@ -64,13 +79,60 @@ def test_the_reply_is_the_likeliest_choice_scored_as_one_sequence(policy: HFPoli
     assert choice_logprobs(batched, CHAT, choices) == pytest.approx(scores, abs=1e-4)
     batched.close()
     new_reply = choice_logprobs(policy, CHAT[:1], ["Yes", "No"])  # no prefill: a new reply
-    assert len(new_reply) == 2 and all(s < 0 for s in new_reply)
+    assert new_reply == pytest.approx(
+        [by_hand(policy, c, prefill=False) for c in ["Yes", "No"]], abs=1e-4
+    )
 
 
-@pytest.mark.parametrize("bad", ["STOP", ["STOP"], ["STOP", "STOP"], ["STOP", ""], ["A", 3]])
+@pytest.mark.parametrize("bad", ["STOP", [], ["STOP"], ["STOP", "STOP"], ["STOP", " "], ["A", 3]])
 def test_a_bad_choice_is_a_named_error(policy: HFPolicy, bad: Any) -> None:
-    with pytest.raises(ValueError, match="at least two distinct non-empty strings"):
+    with pytest.raises(ValueError, match="at least two distinct strings that are not blank"):
         HFChatModel(policy=policy).invoke(CHAT, choice=bad)
+
+
+def test_contradictory_settings_are_errors(policy: HFPolicy) -> None:
+    engine = HFChatModel(policy=policy).bind_tools([add], tool_choice="add")
+    with pytest.raises(ValueError, match="both `choice` and tools"):
+        engine.invoke(CHAT, choice=["Yes", "No"])
+    for settings in (
+        {"max_tokens": 8, "choice": ["a", "b"]},
+        {"stop": ["x"], "choice": ["a", "b"]},
+        {},
+    ):
+        with pytest.raises(ValueError, match=r"written .* or chosen"):
+            role_call(HFChatModel(policy=policy), None, **settings)
+
+
+def test_a_temperature_samples_among_the_choices(policy: HFPolicy) -> None:
+    import torch
+
+    choices = [" STOP", " CONTINUE"]
+    first, second = choice_logprobs(policy, CHAT, choices)
+    hot = 2 * abs(first - second) + 1.0  # at this temperature each has p > 0.3
+    engine = HFChatModel(policy=policy, temperature=hot)
+    torch.manual_seed(0)
+    drawn = [engine.invoke(CHAT, choice=choices).text for _ in range(40)]
+    assert set(drawn) == set(choices)
+    greedy = HFChatModel(policy=policy).invoke(CHAT, choice=choices)
+    assert greedy.text == choices[0 if first > second else 1]
+    assert "the likeliest" in greedy.response_metadata["notes"][0]
+    note = HFChatModel(policy=policy).invoke(CHAT, choice=choices, temperature=0.5)
+    assert "sampled at temperature 0.5" in note.response_metadata["notes"][0]
+
+
+def test_a_base_policy_scores_with_its_adapter_off(tiny_model_dir: Path, policy: HFPolicy) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    lora = LoraConfig(r=2, target_modules="all-linear", init_lora_weights=False)
+    trained = HFPolicy(get_peft_model(model, lora), policy.tokenizer)
+    choices = [" STOP", " CONTINUE"]
+    base_scores = choice_logprobs(policy, CHAT, choices)
+    batched = BatchingPolicy(FrozenBasePolicy(trained), max_batch_size=2)
+    assert choice_logprobs(batched, CHAT, choices) == pytest.approx(base_scores, abs=1e-4)
+    batched.close()
+    assert choice_logprobs(trained, CHAT, choices) != pytest.approx(base_scores, abs=1e-3)
 
 
 class Recording(FakeChatModel):
@@ -111,4 +173,4 @@ def test_the_verifier_follow_up_of_a_local_engine_is_a_choice(policy: HFPolicy) 
     chosen = second["output"].rsplit("Conclusion:", 1)[1]
     assert chosen in VERDICT_CHOICES and second["parse_status"] == "ok"
     assert update["verdict"] == chosen.strip()
-    assert second["notes"][0].startswith(f"engine chose {chosen!r} by its log-probabilities")
+    assert second["notes"][0].startswith(f"engine chose {chosen!r}, the likeliest by its")
