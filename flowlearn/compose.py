@@ -23,12 +23,15 @@ from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.graphs import Context, InputState, State, build_agentflow
 from flowlearn.nodes.policies import (
     BASE_SOURCE,
+    DEFAULT_SOURCES,
     HFChatModel,
     HFPolicy,
     ModelNotFoundError,
     Policy,
     load_local_models,
 )
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, runs_analysis
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, Isolation, default_tools
 from flowlearn.nodes.tools.python_sandbox import ISOLATIONS
 from flowlearn.nodes.tools.web_search import KEY_ENV as TAVILY_KEY_ENV
@@ -44,11 +47,15 @@ ENV = {
     "benchmarks_dir": "FLOWLEARN_BENCHMARKS",
     "wikipedia_endpoint": "FLOWLEARN_WIKIPEDIA_URL",
     "python_isolation": "FLOWLEARN_PYTHON_ISOLATION",
+    "prompts": "FLOWLEARN_PROMPTS",
 }
 """Each `FlowSpec` field a variable may set, and its name; a given value always wins."""
 STUDIO_PYTHON_ENV = "FLOWLEARN_STUDIO_PYTHON"
 """Set to 1 to bind the `python` tool in the Studio graph (`FlowSpec.for_studio`); off if unset."""
 _TRUE = {"1", "true", "yes"}
+
+PROMPT_SETS: dict[str, Prompts] = {"agentflow": AGENTFLOW_PROMPTS, "smollm2": SMOLLM2_PROMPTS}
+"""The prompt sets a flow can be built with, by name: AgentFlow's, and the embedded model's."""
 
 
 class UsageError(ValueError):
@@ -86,6 +93,9 @@ class FlowSpec:
     python_isolation: Isolation = "bwrap"
     """How `python` runs model-written code: "bwrap" (the Linux sandbox, refused where the host
     cannot build it) or "none" (unisolated, with your user's rights: an explicit opt-in)."""
+    prompts: str | None = None
+    """The prompt set, a `PROMPT_SETS` name: "agentflow" or "smollm2"; None: "smollm2" when
+    the planner or the engine is the embedded default, else "agentflow"."""
 
     def __post_init__(self) -> None:
         """Refuse an engine budget below one token.
@@ -98,6 +108,25 @@ class FlowSpec:
             raise UsageError(
                 f"--engine-max-new-tokens must be >= 1, got {self.engine_max_new_tokens}"
             )
+        if self.prompts is not None and self.prompts not in PROMPT_SETS:
+            raise UsageError(
+                f"unknown prompt set {self.prompts!r} (--prompts, ${ENV['prompts']}); "
+                f"choose from {sorted(PROMPT_SETS)}"
+            )
+
+    def prompt_set(self) -> Prompts:
+        """Return the flow's prompts: the named set, else the embedded model's or AgentFlow's.
+
+        The smollm2 preset is chosen when the planner (not served) or the engine is the
+        embedded default: it is what the shipped planner was trained with.
+        """
+        if self.prompts is not None:
+            return PROMPT_SETS[self.prompts]
+        embedded = {*DEFAULT_SOURCES, BASE_SOURCE}
+        planner = None if self.planner_url else self.planner.lower()
+        engine = (self.engine or ("" if self.engine_url else self.planner)).lower()
+        uses_embedded = planner in embedded or (not self.engine_url and engine in embedded)
+        return SMOLLM2_PROMPTS if uses_embedded else AGENTFLOW_PROMPTS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> FlowSpec:
@@ -194,14 +223,19 @@ def check_model_name(name: str) -> None:
         )
 
 
-def build_tools(spec: FlowSpec, engine: BaseChatModel) -> list[BaseTool]:
-    """Return the tools the spec binds, over the fixed engine."""
+def build_tools(
+    spec: FlowSpec, engine: BaseChatModel, prompts: Prompts | None = None
+) -> list[BaseTool]:
+    """Return the tools the spec binds over the fixed engine, ordered and sized by `prompts`."""
+    prompts = prompts or spec.prompt_set()
     tools = default_tools(
         engine,
         corpus=spec.corpus,
         web=spec.web,
         wikipedia_endpoint=spec.wikipedia_endpoint,
         python_isolation=spec.python_isolation,
+        k=prompts.search_k,
+        order=prompts.tool_order,
     )
     return [tool for tool in tools if spec.python or tool.name != "python"]
 
@@ -215,6 +249,16 @@ class Flow:
     planner: Policy
     engine: HFChatModel
     tool_names: list[str]
+    prompts: Prompts = AGENTFLOW_PROMPTS
+
+    def settings(self) -> str:
+        """Return one line naming the settings a run of this flow uses."""
+        context = self.context
+        analysis = "on" if runs_analysis(context, self.prompts) else "off"
+        return (
+            f"prompts: {self.prompts.name}  query analysis: {analysis}  "
+            f"temperature: {context.planner_temperature:g}  max turns: {context.max_turns}"
+        )
 
 
 def build_flow(
@@ -231,27 +275,32 @@ def build_flow(
     """
     context = context or Context()
     check_names(spec, tools=context.tools)
+    prompts = spec.prompt_set()
     try:
-        planner, engine = load_parts(spec)
+        planner, engine = load_parts(spec, prompts)
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
-    tools = build_tools(spec, engine)
-    graph = build_agentflow(planner, engine, tools, checkpointer=checkpointer)
+    tools = build_tools(spec, engine, prompts)
+    graph = build_agentflow(planner, engine, tools, prompts=prompts, checkpointer=checkpointer)
     names = sorted(context.tools or [tool.name for tool in tools])
-    return Flow(graph, context, planner, engine, names)
+    return Flow(graph, context, planner, engine, names, prompts)
 
 
-def load_parts(spec: FlowSpec) -> tuple[Policy, HFChatModel]:
+def load_parts(spec: FlowSpec, prompts: Prompts | None = None) -> tuple[Policy, HFChatModel]:
     """Load the planner and the engine: local, or on their servers (`planner_url`, `engine_url`).
 
     A local planner and a local engine of the same model share one copy in memory; with the
     planner on a server the local model is the engine's; with both served nothing loads here.
     """
     engine: HFChatModel | None = None
+    budget = (prompts or spec.prompt_set()).budgets.engine
     if spec.engine_url is not None:
         try:
             engine = server_engine(
-                spec.engine_url, spec.engine, fixed_max_new_tokens=spec.engine_max_new_tokens
+                spec.engine_url,
+                spec.engine,
+                fixed_max_new_tokens=spec.engine_max_new_tokens,
+                max_new_tokens=budget,
             )
         except ServedNameError as exc:
             raise UsageError(str(exc)) from exc
@@ -264,6 +313,7 @@ def load_parts(spec: FlowSpec) -> tuple[Policy, HFChatModel]:
         device=spec.device,
         dtype=spec.dtype,
         engine_max_new_tokens=spec.engine_max_new_tokens,
+        engine_budget=budget,
         batch_size=spec.batch_size,
         cache_dir=spec.cache_dir,
     )

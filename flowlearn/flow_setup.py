@@ -13,14 +13,8 @@ import warnings
 from dataclasses import MISSING, fields
 from typing import Any
 
-from flowlearn.compose import Flow, FlowSpec, UsageError, build_flow
+from flowlearn.compose import PROMPT_SETS, Flow, FlowSpec, UsageError, build_flow
 from flowlearn.graphs import Context
-from flowlearn.nodes.prompts import (
-    EXECUTOR_MAX_TOKENS,
-    GENERATOR_MAX_TOKENS,
-    QUERY_ANALYSIS_MAX_TOKENS,
-    VERIFIER_MAX_TOKENS,
-)
 
 __all__ = [
     "Flow",
@@ -88,9 +82,14 @@ def add_flow_options(
     models.add_argument(
         "--engine-max-new-tokens",
         type=int,
-        help="engine tokens for every call (default: each role's own: "
-        f"query analysis {QUERY_ANALYSIS_MAX_TOKENS}, executor {EXECUTOR_MAX_TOKENS}, "
-        f"verifier {VERIFIER_MAX_TOKENS}, generator {GENERATOR_MAX_TOKENS})",
+        help="engine tokens for every call (default: each role's own, from the prompt set)",
+    )
+    models.add_argument(
+        "--prompts",
+        choices=sorted(PROMPT_SETS),
+        help="the prompt set: agentflow (AgentFlow's prompts and query analysis) or smollm2 "
+        "(tuned for the embedded 135M model); default: smollm2 when the planner or engine is "
+        "the embedded default, else agentflow ($FLOWLEARN_PROMPTS)",
     )
     flow = parser.add_argument_group("flow (the run's Context)")
     by_name = {f.name: f for f in fields(Context)}
@@ -109,7 +108,7 @@ def add_flow_options(
     flow.add_argument(
         "--query-analysis",
         action=argparse.BooleanOptionalAction,
-        default=by_name["query_analysis"].default,
+        default=None,
         help=by_name["query_analysis"].metadata["description"],
     )
     flow.add_argument("--tools", help="comma-separated tool names to enable (default: all)")
@@ -152,6 +151,7 @@ def spec_from_args(args: argparse.Namespace) -> FlowSpec:
         corpus=args.corpus,
         web=args.web,
         python_isolation=getattr(args, "python_isolation", None),
+        prompts=getattr(args, "prompts", None),
         batch_size=getattr(args, "concurrency", 1),  # concurrent flows share batches
     )
 

@@ -85,6 +85,7 @@ def answer(args: argparse.Namespace, flow: Flow, saver: Any, config: RunnableCon
     if isinstance(flow.engine.policy, ServerPolicy):
         engine += f" at {flow.engine.policy.url}"
     print(f"planner: {planner}  engine: {engine}  tools: {', '.join(flow.tool_names)}")
+    print(flow.settings())
     state: dict[str, Any] = {"question": args.question}
     start = time.perf_counter()
     inputs: InputState | None = None if args.resume else {"question": args.question}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowlearn.nodes.policies import ServerChatModel, ServerPolicy
-from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
+from flowlearn.nodes.prompts import Budgets
 
 
 class ServedNameError(ValueError):
@@ -40,7 +40,11 @@ def server_planner(url: str, model: str) -> ServerPolicy:
 
 
 def server_engine(
-    url: str, model: str | None, *, fixed_max_new_tokens: int | None = None
+    url: str,
+    model: str | None,
+    *,
+    fixed_max_new_tokens: int | None = None,
+    max_new_tokens: int = Budgets().engine,
 ) -> ServerChatModel:
     """Return the fixed engine on the server at `url`, serving `model`.
 
@@ -63,5 +67,5 @@ def server_engine(
         )
     policy = ServerPolicy(url, model, tokenizer=tokenizer)
     return ServerChatModel(
-        policy=policy, max_new_tokens=ENGINE_MAX_TOKENS, fixed_max_new_tokens=fixed_max_new_tokens
+        policy=policy, max_new_tokens=max_new_tokens, fixed_max_new_tokens=fixed_max_new_tokens
     )

@@ -23,7 +23,6 @@ from flowlearn.nodes.policies import (
     untrained_twin,
 )
 from flowlearn.nodes.policies.loading import parameter_count, pick_device_and_dtype
-from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
 from flowlearn.served_models import ServedNameError, server_engine
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
@@ -39,6 +38,7 @@ def training_spec(config: FlowGRPOConfig) -> FlowSpec:
         engine=None if config.engine == "base" else config.engine,
         engine_max_new_tokens=config.engine_max_new_tokens,
         corpus=config.corpus,
+        prompts=config.prompts,
         cache_dir=env.cache_dir,
         benchmarks_dir=env.benchmarks_dir,
     )
@@ -69,8 +69,9 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
     if data is None:
         return parts
+    parts.prompts = spec.prompt_set()
     parts.engine = training_engine(config, spec, handle, device)
-    parts.tools = build_tools(spec, parts.engine)
+    parts.tools = build_tools(spec, parts.engine, parts.prompts)
     parts.cases, parts.scorer = data
     return parts
 
@@ -90,6 +91,7 @@ def training_engine(
                 config.engine_url,
                 config.engine,
                 fixed_max_new_tokens=config.engine_max_new_tokens,
+                max_new_tokens=spec.prompt_set().budgets.engine,
             )
         except ServedNameError as exc:
             raise UsageError(str(exc)) from exc
@@ -102,7 +104,7 @@ def training_engine(
     return HFChatModel(
         # the rollouts' engine calls are concurrent too: decoded together, not one by one
         policy=BatchingPolicy(backend, max_batch_size=ROLLOUT_CONCURRENCY),
-        max_new_tokens=ENGINE_MAX_TOKENS,
+        max_new_tokens=spec.prompt_set().budgets.engine,
         fixed_max_new_tokens=config.engine_max_new_tokens,
     )
 

@@ -13,6 +13,7 @@ from flowlearn.nodes.executor import make_executor
 from flowlearn.nodes.generator import make_generator
 from flowlearn.nodes.planner import make_planner
 from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.state import InputState, State
@@ -45,6 +46,7 @@ def build_agentflow(
     engine: BaseChatModel,
     tools: Sequence[BaseTool],
     *,
+    prompts: Prompts = AGENTFLOW_PROMPTS,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
     name: str = "agentflow",
     retry_policy: RetryPolicy | None = ENGINE_RETRY,
@@ -55,6 +57,9 @@ def build_agentflow(
         planner_policy: The trainable planner; a plain chat model plans for inference only.
         engine: The fixed chat model of the executor, verifier, generator and query analysis.
         tools: LangChain tools the planner may choose from.
+        prompts: What every node says to its model: templates, worked examples and budgets
+            (AgentFlow's by default; `flowlearn.nodes.smollm2.SMOLLM2_PROMPTS` for the
+            embedded 135M model, or your own via `dataclasses.replace`).
         checkpointer: Optional checkpointer (e.g. `SqliteSaver`) for durable, resumable runs.
         name: The compiled graph's name.
         retry_policy: How each node retries its transient model errors (None: never); bound
@@ -76,13 +81,13 @@ def build_agentflow(
 
     graph = StateGraph(State, context_schema=Context, input_schema=InputState)
     retry = retry_policy
-    graph.add_node(
-        "planner",
-        make_planner(as_policy(planner_policy), tools, analysis_engine=engine, retry=retry),
+    planner = make_planner(
+        as_policy(planner_policy), tools, analysis_engine=engine, prompts=prompts, retry=retry
     )
-    graph.add_node("executor", make_executor(engine, tools, retry=retry))
-    graph.add_node("verifier", make_verifier(engine, retry=retry))
-    graph.add_node("generator", make_generator(engine, retry=retry))
+    graph.add_node("planner", planner)
+    graph.add_node("executor", make_executor(engine, tools, prompts=prompts, retry=retry))
+    graph.add_node("verifier", make_verifier(engine, tools, prompts=prompts, retry=retry))
+    graph.add_node("generator", make_generator(engine, prompts=prompts, retry=retry))
     graph.add_edge(START, "planner")
     graph.add_conditional_edges("planner", route_after_planner)
     graph.add_edge("executor", "verifier")

@@ -34,10 +34,29 @@ def render_catalogue(tools: Sequence[BaseTool], *, brief: bool = False) -> str:
 
     `brief` renders each tool's name and description only, for the query analysis: what the
     tools are for, without the argument schemas and usage notes the planner and executor need
-    (`prompts.QUERY_ANALYSIS_PROMPT` says what the full entries did to a small engine).
+    (`Prompts.brief_analysis_catalogue`).
     """
     if not tools:
         return "(no tools available)"
     if brief:
         return "\n".join(f"- {tool.name}: {(tool.description or '').strip()}" for tool in tools)
     return "\n".join(describe_tool(tool) for tool in tools)
+
+
+def enabled_tools(tools: Sequence[BaseTool], names: Sequence[str] | None) -> list[BaseTool]:
+    """Return the bound tools that `names` enables (all of them when `names` is None).
+
+    Raises:
+        ValueError: a name that is not among the bound tools.
+
+    """
+    if names is None:
+        return list(tools)
+    by_name = {tool.name: tool for tool in tools}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise ValueError(
+            f"context.tools names {unknown}, which are not bound to this graph; "
+            f"bound tools are {sorted(by_name)}"
+        )
+    return [by_name[name] for name in names]

@@ -17,11 +17,7 @@ from langgraph.types import RetryPolicy
 
 from flowlearn.nodes.catalogue import describe_tool, tool_arguments
 from flowlearn.nodes.messages import to_langchain
-from flowlearn.nodes.prompts import (
-    EXECUTOR_JSON_FALLBACK_PROMPT,
-    EXECUTOR_MAX_TOKENS,
-    EXECUTOR_PROMPT,
-)
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.render import (
     bare_question,
     emit,
@@ -68,13 +64,16 @@ def _single_argument_fallback(tool: BaseTool, text: str) -> dict[str, Any] | Non
     return None
 
 
-def call_example_turns(tool: BaseTool) -> list[dict[str, str]]:
+def call_example_turns(
+    tool: BaseTool, prompts: Prompts = AGENTFLOW_PROMPTS
+) -> list[dict[str, str]]:
     """Return the tool's worked calls as earlier chat turn pairs, in their order.
 
     A tool carries them in `metadata["call_examples"]` (a list) or one in
-    `metadata["call_example"]`; each is a question, context, sub-goal and the arguments wanted.
-    Each is rendered by the executor's own prompt, and its reply is the call in the engine's JSON
-    convention, as plain text, so any chat model can read it. None: no turns.
+    `metadata["call_example"]`, and `prompts.call_examples[name]` adds more after them; each is
+    a question, context, sub-goal and the arguments wanted. Each is rendered by the executor's
+    own prompt, and its reply is the call in the engine's JSON convention, as plain text, so any
+    chat model can read it. None: no turns.
     """
     metadata = tool.metadata or {}
     if "call_example" in metadata and "call_examples" in metadata:
@@ -83,7 +82,10 @@ def call_example_turns(tool: BaseTool) -> list[dict[str, str]]:
             "keep one (a list of worked calls goes in 'call_examples')"
         )
     examples = metadata.get("call_examples") or [metadata.get("call_example")]
-    examples = [example for example in examples if example]
+    examples = [
+        *(example for example in examples if example),
+        *prompts.call_examples.get(tool.name, ()),
+    ]
     if not all(isinstance(example, dict) for example in examples):
         raise ValueError(
             f"tool {tool.name!r}: metadata['call_examples'] must be a list of dicts with "
@@ -91,7 +93,7 @@ def call_example_turns(tool: BaseTool) -> list[dict[str, str]]:
         )
     turns: list[dict[str, str]] = []
     for example in examples:
-        user = EXECUTOR_PROMPT.format(
+        user = prompts.executor.format(
             tool=tool.name,
             question=example["question"],
             context=example["context"],
@@ -131,15 +133,19 @@ def call_with_timeout(tool: BaseTool, arguments: dict[str, Any], seconds: float)
 
 
 def propose_arguments(
-    engine: BaseChatModel, tool: BaseTool, messages: list[dict[str, str]]
+    engine: BaseChatModel,
+    tool: BaseTool,
+    messages: list[dict[str, str]],
+    prompts: Prompts = AGENTFLOW_PROMPTS,
 ) -> tuple[dict[str, Any] | None, str, ParseStatus]:
     """Ask the engine for the tool's arguments, by tool calling when it can, else by JSON.
 
     Returns the arguments (None when none could be read), the raw output and a parse status.
     Generated text is only ever parsed as data, never executed.
     """
+    budget = prompts.budgets.executor
     try:
-        bound = engine.bind_tools([tool], tool_choice=tool.name, max_tokens=EXECUTOR_MAX_TOKENS)
+        bound = engine.bind_tools([tool], tool_choice=tool.name, max_tokens=budget)
     except (NotImplementedError, TypeError, ValueError):
         bound = None
     if bound is not None:
@@ -151,9 +157,9 @@ def propose_arguments(
         text = reply.text
     else:
         schema = json.dumps(tool_arguments(tool), ensure_ascii=False)
-        ask = EXECUTOR_JSON_FALLBACK_PROMPT.format(tool=tool.name, schema=schema)
+        ask = prompts.executor_json_fallback.format(tool=tool.name, schema=schema)
         fallback = [*messages, {"role": "user", "content": ask}]
-        text = engine.invoke(to_langchain(fallback), max_tokens=EXECUTOR_MAX_TOKENS).text
+        text = engine.invoke(to_langchain(fallback), max_tokens=budget).text
     arguments = _first_json_object(text) or _single_argument_fallback(tool, text)
     return arguments, text, "ok" if arguments is not None else "format_error"
 
@@ -190,11 +196,18 @@ def make_executor(
     engine: BaseChatModel,
     tools: Sequence[BaseTool],
     *,
+    prompts: Prompts = AGENTFLOW_PROMPTS,
     retry: RetryPolicy | None = ENGINE_RETRY,
 ) -> Callable[..., dict[str, Any]]:
     """Build the executor node over the fixed engine and the bound tools.
 
-    The engine's argument proposal is retried per `retry`; tool calls are never retried.
+    Args:
+        engine: The fixed chat model that fills in each call's arguments.
+        tools: The tools the planner may choose from.
+        prompts: The executor's templates, worked calls and budget.
+        retry: How the engine's argument proposal is retried (None: never); tool calls are
+            never retried.
+
     """
     by_name = {tool.name: tool for tool in tools}
     propose = retrying(propose_arguments, retry)
@@ -208,19 +221,23 @@ def make_executor(
                 "executor reached without a plan; route to it only after a parsed turn"
             )
         tool = by_name[plan["tool"]]
+        question = str(state["question"])
         messages = prompt_messages(
-            EXECUTOR_PROMPT.format(
+            prompts.executor.format(
                 tool=tool.name,
-                question=bare_question(state["question"]),
+                question=bare_question(question)
+                if prompts.executor_view.bare_question
+                else question,
                 context=plan["context"],
                 sub_goal=plan["sub_goal"],
                 tool_description=describe_tool(tool),
-            )
+            ),
+            system=prompts.system,
         )
-        messages[1:1] = call_example_turns(tool)  # after the system prompt
+        messages[1:1] = call_example_turns(tool, prompts)  # after the system prompt
         start = time.perf_counter()
         try:
-            arguments, raw, status = propose(engine, tool, messages)
+            arguments, raw, status = propose(engine, tool, messages, prompts)
         except Exception as exc:  # retries spent, or not worth one: recorded, the run goes on
             arguments, status, raw = None, "error", engine_error(exc)
         call_seconds = time.perf_counter() - start

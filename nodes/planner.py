@@ -9,20 +9,13 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.tools import BaseTool
 from langgraph.types import RetryPolicy
 
-from flowlearn.nodes.catalogue import render_catalogue
+from flowlearn.nodes.catalogue import enabled_tools, render_catalogue
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output, starts_with_label
 from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.policies.hf import LocalPolicy
 from flowlearn.nodes.policies.protocol import Policy, continues_prefill
 from flowlearn.nodes.policies.stops import RepetitionRule, StopWatch
-from flowlearn.nodes.prompts import (
-    PLANNER_EXAMPLE,
-    PLANNER_PROMPT,
-    PLANNER_REPLY_PREFIX,
-    QUERY_ANALYSIS_MAX_TOKENS,
-    QUERY_ANALYSIS_PROMPT,
-    without_analysis,
-)
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, runs_analysis
 from flowlearn.nodes.render import (
     emit,
     policy_transition,
@@ -42,66 +35,48 @@ if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
 
-def enabled_tools(tools: Sequence[BaseTool], names: Sequence[str] | None) -> list[BaseTool]:
-    """Return the bound tools that `names` enables (all of them when `names` is None).
+def render_plan_examples(tools: Sequence[BaseTool], prompts: Prompts = AGENTFLOW_PROMPTS) -> str:
+    """Render a worked plan for each tool that has one, for the planner's `{examples}`.
 
-    Raises:
-        ValueError: a name that is not among the bound tools.
-
-    """
-    if names is None:
-        return list(tools)
-    by_name = {tool.name: tool for tool in tools}
-    unknown = [name for name in names if name not in by_name]
-    if unknown:
-        raise ValueError(
-            f"context.tools names {unknown}, which are not bound to this graph; "
-            f"bound tools are {sorted(by_name)}"
-        )
-    return [by_name[name] for name in names]
-
-
-def render_plan_examples(tools: Sequence[BaseTool]) -> str:
-    """Render a worked plan for each tool whose `metadata["plan_example"]` holds one.
-
-    The example names its tool, so a planner sees what a step with each enabled tool looks
-    like; a tool without one (a user's own `@tool`) adds nothing. Returns "" when no tool has
-    one, or the block that ends the planner prompt.
+    A tool's plan comes from `prompts.plan_examples[name]`, else its own
+    `metadata["plan_example"]` (justification, context, sub_goal). The example names its tool,
+    so a planner sees what a step with each enabled tool looks like. Returns "" when no tool
+    has one, or the block that ends the planner prompt.
     """
     examples = []
     for tool in tools:
-        example = (tool.metadata or {}).get("plan_example")
+        example = prompts.plan_examples.get(tool.name) or (tool.metadata or {}).get("plan_example")
         if example:
-            examples.append(PLANNER_EXAMPLE.format(tool=tool.name, **example))
+            examples.append(prompts.plan_example.format(tool=tool.name, **example))
     if not examples:
         return ""
     head = "\nFor example:\n" if len(examples) == 1 else "\nFor example, one step per tool:\n"
     return head + "\n\n".join(examples)
 
 
-def with_reply_prefix(text: str) -> str:
+def with_reply_prefix(text: str, prefix: str | None) -> str:
     """Return the plan's full text: the prefilled first label, then what the policy wrote.
 
     A policy that wrote a label itself (a chat API that ignores the prefill, a scripted
     policy, a planner trained on another field order) or answered in JSON is taken as it is.
     """
     head = text.lstrip()
-    if starts_with_label(head) or head.startswith(("{", "```")):
+    if not prefix or starts_with_label(head) or head.startswith(("{", "```")):
         return text
-    return PLANNER_REPLY_PREFIX + text
+    return prefix + text
 
 
-def plan_complete(text: str) -> bool:
+def plan_complete(text: str, prefix: str | None = None) -> bool:
     """Say whether a plan is complete: a sub-goal and a tool name, at the end of a line.
 
     The policy stops there instead of writing more plans after it.
     """
     if not text.endswith("\n"):
         return False
-    return parse_planner_output(with_reply_prefix(text)).error is None
+    return parse_planner_output(with_reply_prefix(text, prefix)).error is None
 
 
-def plan_stop(policy: Policy) -> dict[str, Any]:
+def plan_stop(policy: Policy, prefix: str | None = None) -> dict[str, Any]:
     """Return the `stopping` keyword for a local policy's call (`{}` for other policies).
 
     A local model's plan ends at the end of its tool-name line (`plan_complete`), or at a
@@ -115,7 +90,10 @@ def plan_stop(policy: Policy) -> dict[str, Any]:
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=True))
 
-    return {"stopping": StopWatch(decode=decode, ends=plan_complete, repetition=RepetitionRule())}
+    def ends(text: str) -> bool:
+        return plan_complete(text, prefix)
+
+    return {"stopping": StopWatch(decode=decode, ends=ends, repetition=RepetitionRule())}
 
 
 def spent_budget(state: State, context: Context, now: float) -> str | None:
@@ -138,9 +116,10 @@ def plan_messages(
     tools: str,
     turn: int,
     prefill: bool,
+    prompts: Prompts = AGENTFLOW_PROMPTS,
 ) -> list[dict[str, str]]:
     """Render the prompt for `turn`: reply opened if `prefill`, analysis section if given."""
-    template = PLANNER_PROMPT if analysis is not None else without_analysis(PLANNER_PROMPT)
+    template = prompts.template("planner", analysis=analysis is not None)
     messages = prompt_messages(
         template.format(
             question=state["question"],
@@ -148,19 +127,25 @@ def plan_messages(
             tools=tools,
             memory=render_memory(state.get("memory", [])),
             turn=turn,
+            max_turns=context.max_turns,
             tool_names=", ".join(tool.name for tool in available),
-            examples=render_plan_examples(available),
-        )
+            examples=render_plan_examples(available, prompts),
+        ),
+        system=prompts.system,
     )
-    if prefill:  # the reply opens with the first label; the policy writes the rest
-        messages.append({"role": "assistant", "content": PLANNER_REPLY_PREFIX})
+    if prefill and prompts.planner_reply_prefix:  # the policy writes the rest of the reply
+        messages.append({"role": "assistant", "content": prompts.planner_reply_prefix})
     return messages
 
 
-def analysis_messages(question: str, available: Sequence[BaseTool]) -> list[dict[str, str]]:
-    """Render the query analysis's prompt: the question and the brief tool catalogue."""
-    catalogue = render_catalogue(available, brief=True)
-    return prompt_messages(QUERY_ANALYSIS_PROMPT.format(question=question, tools=catalogue))
+def analysis_messages(
+    question: str, available: Sequence[BaseTool], prompts: Prompts = AGENTFLOW_PROMPTS
+) -> list[dict[str, str]]:
+    """Render the query analysis's prompt: the question and the tool catalogue."""
+    catalogue = render_catalogue(available, brief=prompts.brief_analysis_catalogue)
+    return prompt_messages(
+        prompts.query_analysis.format(question=question, tools=catalogue), system=prompts.system
+    )
 
 
 def record_decision(
@@ -170,13 +155,13 @@ def record_decision(
     gen: Generation,
     available: Sequence[BaseTool],
     runtime: Any,
-    prefilled: bool = False,
+    prefilled: str | None = None,
 ) -> dict[str, Any]:
-    """Parse the policy's output (after the prefilled label, if any) into the turn's plan.
+    """Parse the policy's output (after the `prefilled` label, if any) into the turn's plan.
 
     An output that does not parse is recorded in memory as a format error instead.
     """
-    decision = parse_planner_output(with_reply_prefix(gen.text) if prefilled else gen.text)
+    decision = parse_planner_output(with_reply_prefix(gen.text, prefilled))
     tool = match_tool_name(decision.tool_name, [t.name for t in available])
     error = decision.error
     status: ParseStatus = "ok" if error is None else "format_error"
@@ -220,6 +205,7 @@ def make_planner(
     tools: Sequence[BaseTool],
     *,
     analysis_engine: BaseChatModel | None = None,
+    prompts: Prompts = AGENTFLOW_PROMPTS,
     retry: RetryPolicy | None = ENGINE_RETRY,
 ) -> Callable[..., dict[str, Any]]:
     """Build the planner node over a policy and the tools it may choose from.
@@ -229,7 +215,9 @@ def make_planner(
         tools: The tools bound to the graph; `Context.tools` may enable a subset per run.
         analysis_engine: A chat model for the first-visit query analysis, as in the paper
             (the fixed engine); when None the policy writes the analysis too. Either runs
-            only when the run's `Context.query_analysis` is on.
+            when the run's `Context.query_analysis` is on, or is None and `prompts.analyze`.
+        prompts: The planner's and query analysis's templates, worked plans, reply prefix and
+            analysis budget.
         retry: How transient errors of the engine's and the policy's calls are retried (None:
             never). A failed analysis is recorded and the run goes on; a policy call that
             still fails raises (`TransientEngineError` from the last error).
@@ -237,15 +225,16 @@ def make_planner(
     """
     tools = list(tools)
     generate = retrying(policy.generate, retry)
-    prefill = continues_prefill(policy)
+    prefix = prompts.planner_reply_prefix if continues_prefill(policy) else None
+    stop = plan_stop(policy, prefix)
     ask = None
     if analysis_engine is not None:
-        ask = role_call(analysis_engine, retry, max_tokens=QUERY_ANALYSIS_MAX_TOKENS)
+        ask = role_call(analysis_engine, retry, max_tokens=prompts.budgets.query_analysis)
 
     def analyze(
         question: str, available: Sequence[BaseTool], sampling: Sampling
     ) -> tuple[str, dict[str, Any]]:
-        messages = analysis_messages(question, available)
+        messages = analysis_messages(question, available, prompts)
         if ask is not None:
             reply = ask(messages)
             if reply.error is not None:
@@ -275,8 +264,9 @@ def make_planner(
         catalogue = render_catalogue(available)
         sampling = context.planner_sampling()
         update: dict[str, Any] = {"started_at": started, "transitions": []}
-        analysis = state.get("analysis") if context.query_analysis else None
-        if context.query_analysis and not analysis:
+        analyzing = runs_analysis(context, prompts)
+        analysis = state.get("analysis") if analyzing else None
+        if analyzing and not analysis:
             analysis, record = analyze(state["question"], available, sampling)
             update["analysis"] = analysis
             update["transitions"].append(record)
@@ -289,9 +279,10 @@ def make_planner(
             analysis=analysis,
             tools=catalogue,
             turn=turn,
-            prefill=prefill,
+            prefill=prefix is not None,
+            prompts=prompts,
         )
-        gen = generate(messages, sampling.for_call(state["question"], turn), **plan_stop(policy))
-        return record_decision(update, turn, messages, gen, available, runtime, prefill)
+        gen = generate(messages, sampling.for_call(state["question"], turn), **stop)
+        return record_decision(update, turn, messages, gen, available, runtime, prefix)
 
     return planner

@@ -1,203 +1,338 @@
-"""Every prompt template of the flow, and each engine reply's token budget, in one place.
+"""Every prompt of the flow as data: AgentFlow's own templates, and the `Prompts` set nodes take.
 
-The planner's templates are part of the training distribution: rollouts, evals and serving all
-render them from here, so a trained planner sees at inference exactly what it saw in training.
-Templates use `str.format` fields; a test renders each with its declared fields.
+A node factory takes a `Prompts` (`make_planner(policy, tools, prompts=AGENTFLOW_PROMPTS)`), so
+a user swaps a template without writing a node: `dataclasses.replace(AGENTFLOW_PROMPTS,
+planner=MY_PLANNER_PROMPT)`. The planner's template is part of the training distribution:
+rollouts, evals and serving render it from the same `Prompts`, so a trained planner sees at
+inference exactly what it saw in training. Templates use `str.format` fields; each role's
+fields are declared in `FIELDS`, and a set with an unknown field is refused when it is built.
+
+The defaults follow AgentFlow's prompts (arXiv 2510.05592, its official code) in structure and
+wording. Where they depart, the line says why:
+- Tool calls are JSON arguments (structured output), not Python written to be `exec`'d.
+- The verifier's verdict is stored in memory (the official code computes it and forgets it),
+  and a reply with no `Conclusion:` line is continued once after that label, so the verdict
+  is the engine's own rather than a guess from a stray "stop" in its text.
+- The generator puts its answer between `<answer>` tags, which the scorers read (AgentFlow's
+  benchmark questions carry that instruction; a question typed at `flowlearn run` does not).
 """
 
 from __future__ import annotations
 
+import string
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.records import StepRecord
+
+Example = tuple[str, Sequence[StepRecord], str]
+"""A worked answer for the generator: a question, its memory and the reply wanted."""
+
 SYSTEM_PROMPT = "You are a careful assistant that solves problems step by step with tools."
 
 QUERY_ANALYSIS_PROMPT = """\
-Analyze the question below before anyone tries to answer it.
+Task: Analyze the given query to determine necessary skills and tools.
 
-Question: {question}
-
-Available tools:
+Inputs:
+- Query: {question}
+- Available tools:
 {tools}
 
-In a few sentences, say: the goal of the question, the skills it needs, which of the available
-tools are relevant and why, and any details worth remembering. Do not answer the question."""
-"""The query analysis's prompt. Its `{tools}` is the brief catalogue (`render_catalogue(...,
-brief=True)`: each tool's name and description), not the planner's, whose argument schemas
-and usage notes (python's: "Run a Python 3 program ... The standard library and numpy ...")
-led the untrained embedded SmolLM2 to list "Python 3.7, Python 3.8, ..." to the end of its
-budget for lookups. The planner then read a Python-laden analysis for every question. Measured
-with `bench/tool_choice.py` on 40 unused training questions (20 lookups, 20 arithmetic;
-`bench/results/tool_choice_run12.txt`), the untrained planner's first token: with the full
-catalogue, 9 of 20 lookup analyses named Python
-and the planner's choice hardly depended on the question (greedy right tool 5 and 20 of 20;
-p(right) at T=0.7 0.37 and 0.67); with the brief one, 2 of 20, and 14 and 19 (0.48 and 0.63).
-The analyses also got shorter (41 words on average, from 67)."""
+Instructions:
+1. Identify the main objectives in the query.
+2. List the necessary skills and tools.
+3. For each skill and tool, explain how it helps address the query.
+4. Note any additional considerations.
+
+Format your response with a summary of the query, lists of skills and tools with explanations, \
+and a section for additional considerations.
+
+Be brief and precise with insight."""
+
+PLANNER_ANALYSIS = "- **Query Analysis:** {analysis}\n"
+"""The planner's and verifier's query-analysis line, left out of a run without an analysis."""
 
 PLANNER_PROMPT = """\
-Decide the single next step towards answering the question.
+Task: Determine the optimal next step to address the query using available tools and previous \
+steps.
 
-Question: {question}
-
-Query analysis:
-{analysis}
-
-Available tools:
+Context:
+- **Query:** {question}
+- **Query Analysis:** {analysis}
+- **Available Tools:** {tool_names}
+- **Toolbox Metadata:**
 {tools}
-
-Memory of previous steps:
+- **Previous Steps:**
 {memory}
+- **Current Step:** {turn} of at most {max_turns}
 
-This is step {turn}.
+Instructions:
+1. Analyze the query, previous steps, and available tools.
+2. Select the **single best tool** for the next step.
+3. Formulate a specific, achievable **sub-goal** for that tool.
+4. Provide all necessary **context** (data, file names, variables) for the tool to function.
 
-Reply in exactly this format, one field per line:
-Tool Name: <exactly one of: {tool_names}>
-Justification: <why this step is the right one now>
-Context: <every fact from the question and memory the tool needs>
-Sub-Goal: <the specific goal of this step>
+Response Format:
+1.  **Justification:** Explain your choice of tool and sub-goal.
+2.  **Context:** Provide all necessary information for the tool.
+3.  **Sub-Goal:** State the specific objective for the tool.
+4.  **Tool Name:** State the exact name of the selected tool.
+
+Rules:
+- Select only ONE tool.
+- The sub-goal must be directly achievable by the selected tool.
+- The Context section must contain all information the tool needs to function.
+- The response must end with the Context, Sub-Goal, and Tool Name sections in that order, with \
+no extra content.
 {examples}"""
-"""The planner's prompt. The tool name comes first (AgentFlow's planner writes it last): the
-choice is then the first token the policy writes, read straight from the prompt, and the rest
-of the plan follows from it. On the embedded SmolLM2-135M, untrained, first turns sampled at
-T=0.7 on 20 training questions x 3 (`python bench/planner_first_turns.py`,
-`bench/results/planner_first_turns.txt`): with the tool name last, 33 of 60 plans parsed and
-every sub-goal that named anything copied a plan example's question (Eiffel Tower, 12 * 34),
-so the plan could not depend on the question; with it first, 56 of 60 parsed; with it first
-and plan examples about "the question" (the tools' `plan_example`), 59 of 60; with the default
-tools listed local_search first (`default_tools`), 57 of 60.
+"""The planner's prompt, AgentFlow's text-only wording. It also names the step and the budget
+(AgentFlow's multimodal planner does), so a planner knows how many turns remain."""
 
-It names the step but not the budget: a planner trained with one budget (the CPU recipe's one
-turn) is then shown the same first prompt under any other (`flowlearn eval`'s 10 turns). The
-learning test's tiny planner, trained at two turns, chose python for every held-out question
-under "step 1 of at most 1" and the right tool for all of them under "step 1 of at most 2"."""
-
-ANALYSIS_SECTION = "Query analysis:\n{analysis}\n\n"  # left out when Context.query_analysis is off
-
-
-def without_analysis(template: str) -> str:
-    """Return `template` without its query-analysis section (the prompt of a run without one)."""
-    if ANALYSIS_SECTION not in template:
-        raise ValueError("the template has no query-analysis section to leave out")
-    return template.replace(ANALYSIS_SECTION, "")
-
-
-PLANNER_EXAMPLE = """Tool Name: {tool}
+PLAN_EXAMPLE = """\
 Justification: {justification}
 Context: {context}
-Sub-Goal: {sub_goal}"""
-"""One worked plan, from a tool's `metadata["plan_example"]` (its justification, context and
-sub_goal); the planner prompt shows one per enabled tool that has it, and none otherwise."""
-
-PLANNER_REPLY_PREFIX = "Tool Name:"
-"""The planner's reply starts with its first field: the chat turn is opened with it (a prefill,
-part of the prompt's tokens), so the policy writes the rest. Measured on the embedded
-SmolLM2-135M at T=0.7, with the fields in AgentFlow's order and `Justification:` prefilled, it
-raised the share of plans that parse from 17% to 52%."""
+Sub-Goal: {sub_goal}
+Tool Name: {tool}"""
+"""One worked plan, rendered into the planner's `{examples}` for a tool that has one (a
+`Prompts.plan_examples` entry or the tool's `metadata["plan_example"]`)."""
 
 EXECUTOR_PROMPT = """\
-Call the tool `{tool}` to achieve the sub-goal below. Fill in its arguments completely; the tool
-cannot see the question or the memory, only the arguments you give it.
+Task: Generate the arguments of one call of the selected tool to achieve the sub-goal.
 
-Question: {question}
-Context: {context}
-Sub-Goal: {sub_goal}
+Context:
+- **Query:** {question}
+- **Sub-Goal:** {sub_goal}
+- **Tool Name:** {tool}
+- **Tool Metadata:**
+{tool_description}
+- **Relevant Data:** {context}
 
-Tool description:
-{tool_description}"""
+Instructions:
+1. Analyze the tool's required parameters from its metadata.
+2. Construct valid arguments that address the sub-goal using the context.
+3. Fill in every argument completely: the tool sees only its arguments, not the query or \
+the memory."""
+"""The executor's prompt. AgentFlow asks for Python that calls the tool; here the engine fills
+in the tool's JSON arguments (tool calling), which nothing executes as code."""
 
 EXECUTOR_JSON_FALLBACK_PROMPT = """\
 Reply with only a JSON object holding the arguments of `{tool}`, matching this schema:
 {schema}"""
 
 VERIFIER_PROMPT = """\
-Judge whether the memory below already holds enough to answer the question.
+Task: Evaluate if the current memory is complete and accurate enough to answer the query, or if \
+more tools are needed.
 
-Question: {question}
-
-Query analysis:
-{analysis}
-
-Memory of previous steps:
+Context:
+- **Query:** {question}
+- **Available Tools:**
+{tools}
+- **Initial Analysis:** {analysis}
+- **Memory (Tools Used & Results):**
 {memory}
 
-Write a short analysis: is the question fully answered by the memory, are the tool results
-consistent and trustworthy, is anything missing? Then end with exactly one line:
-Conclusion: STOP    (if the memory is enough to answer)
-Conclusion: CONTINUE    (if more steps are needed)"""
+Instructions:
+1.  Review the query, initial analysis, and memory.
+2.  Assess the completeness of the memory: Does it fully address all parts of the query?
+3.  Check for potential issues:
+    -   Are there any inconsistencies or contradictions?
+    -   Is any information ambiguous or in need of verification?
+4.  Determine if any unused tools could provide missing information.
 
-VERIFIER_CONCLUSION = "Conclusion:"
-"""What a verifier reply without a clear verdict is continued with: a second, short engine call
-(`VERIFIER_CONCLUSION_MAX_TOKENS`, ending at the line's end) that sees its own analysis and this
-label, so the verdict is the engine's own. The untrained embedded SmolLM2 answers the question
-instead of concluding ("The answer is 530518."): over the 48 held-out tool-task memories of
-`bench/engine_ceiling.py --plan example`, its verdict parsed as STOP for 1 of the 38 that held
-the answer; continued with this label, for all 48 (`python bench/verifier_views.py`,
-`bench/results/verifier_views.txt`). Without it every run went to `--max-turns`. An engine that
-writes its `Conclusion:` line never gets the second call."""
+Final Determination:
+-   If the memory is sufficient, explain why and conclude with "STOP".
+-   If more information is needed, explain what's missing, which tools could help, and \
+conclude with "CONTINUE".
 
-VERDICT_CHOICES = (" STOP", " CONTINUE")
-"""What a local engine chooses between after `VERIFIER_CONCLUSION`, by its scores (the chat
-model's `choice`). Written freely (8 tokens, ending at a newline), the embedded SmolLM2's
-follow-up was empty in 17 of 245 calls over session 25's evals (held-out, outside and dev sets,
-both planners): it began a new line ("\nThe answer to the question ..."), read as CONTINUE, and
-the flow took a second turn that undid a right first one in 3 held-out questions. Replayed as
-this choice, all 228 free verdicts were kept (every one STOP) and the 17 empty ones chose STOP."""
+IMPORTANT: The response must end with either "Conclusion: STOP" or "Conclusion: CONTINUE"."""
+
+VERIFIER_ANALYSIS = "- **Initial Analysis:** {analysis}\n"
+
+GENERATOR_PROMPT = """\
+Task: Generate a concise final answer to the query based on all provided context.
+
+Context:
+- **Query:** {question}
+- **Initial Analysis:** {analysis}
+- **Actions Taken:**
+{memory}
+
+Instructions:
+1. Review the query and the results from all actions.
+2. Synthesize the key findings into a clear, step-by-step summary of the process.
+3. Provide a direct, precise answer to the original query.
+
+Output Structure:
+1.  **Process Summary:** A clear, step-by-step breakdown of how the query was addressed, \
+including the purpose and key results of each action.
+2.  **Answer:** A direct and concise final answer to the query, enclosed in <answer> and \
+</answer> tags, with nothing else inside the tags."""
+
+GENERATOR_ANALYSIS = "- **Initial Analysis:** {analysis}\n"
 
 ANSWER_INSTRUCTION = (
     "When ready, output the final answer enclosed in <answer> and </answer> tags. "
     "Do not generate any content after the </answer> tag."
 )
-"""The instruction every evaluation and training question ends with (as AgentFlow's data). The
-generator's and the executor's own prompts say what to write, so they read the question without
-it (`render.bare_question`). Measured on the embedded SmolLM2: on the 50 held-out and
-training-rollout cases whose memory held the answer, the generator answered 32 right with it in
-the question and 38 without; the executor's python calls on the 24 held-out arithmetic questions
-were right 18 times with it and 21 without under the plan example's sub-goal the untrained
-planner copies, 4 and 11 under python's own example's, 21 and 21 under a good sub-goal
-(`bench/executor_subgoals.py`)."""
-
-GENERATOR_PROMPT = """\
-Answer the question using the memory of the steps taken.
-
-Question: {question}
-
-Memory of previous steps:
-{memory}
-
-Explain briefly how the memory leads to the answer, then give the final answer between
-<answer> and </answer>, with nothing else inside the tags."""
-"""The generator's prompt. It leaves out the query analysis, which the other roles see: measured
-on the embedded SmolLM2 with the right tool result in memory, the engine's own analysis (often
-a rambling list) drew it off the result, 16 of 48 held-out tool-task answers right against 35
-without it. Its memory also leaves out each tool call's arguments (`render_memory(...,
-arguments=False)`): the small engine's search queries often hold a guessed answer ("Laetus
-Institute founded in 2020"), which it then copied over the passage. Measured on the 48 held-out
-cases with the calls the engine made, each question with its answer instruction
-(`bench/generator_views.py`): 7 of 24 lookups and 13 of 24 arithmetic answers right with the
-arguments shown, 11 and 15 without, 12 and 15 with local_search's 3 passages instead of 5, 13
-and 20 with the question also read without its instruction (`render.bare_question`). It leaves
-out each step's sub-goal too (`sub_goals=False`): the trained planner writes its plan example's
-("Find the passage that answers the question."), and the engine then answered "The passage that
-answers the question is ..." or a name from the wrong passage. Measured in session 19 by
-`bench/generator_views.py` (`shipped` against `no-sub-goal`), the engine's own calls replayed:
-lookups answered right with the plan example's sub-goals 9 -> 12 of 23 (held-out) and 2 -> 7 of
-12 (`bench/outside_set.py`'s set), with the question as sub-goal 16 -> 17 of 21 and 8 -> 7 of 12;
-arithmetic unchanged (21 of 25, 7 of 12, 21 of 27, 7 of 12). A step's result then speaks for
-itself: local_search's passages carry their titles, python prints its value."""
+"""The instruction every evaluation and training question ends with, as in AgentFlow's data."""
 
 EMPTY_MEMORY = "(no steps yet)"
-
-# Each engine role's reply budget, in new tokens: what its job needs, measured on the embedded
-# SmolLM2 (bench/engine_budgets.py), with room to spare. `--engine-max-new-tokens` (the
-# engine's `fixed_max_new_tokens`) overrides them all.
-QUERY_ANALYSIS_MAX_TOKENS = 192
-"""The query analysis: a few sentences on the goal, skills and tools."""
-EXECUTOR_MAX_TOKENS = 128
-"""The executor's tool call: one JSON object of arguments."""
-VERIFIER_MAX_TOKENS = 192
-"""The verifier: a short analysis and its `Conclusion:` line."""
-VERIFIER_CONCLUSION_MAX_TOKENS = 8
-"""The verifier's follow-up: the word after `Conclusion:` (the call also ends at a newline)."""
-GENERATOR_MAX_TOKENS = 256
-"""The generator: a brief explanation and the tagged answer."""
-ENGINE_MAX_TOKENS = 384
-"""Any other engine call (the `generalist` and `python_coder` tools): a budget of its own."""
 ANSWER_STOP = "</answer>"
 """The generator's stop string: its reply ends with its answer."""
+VERIFIER_CONCLUSION = "Conclusion:"
+"""The label a verifier reply without a clear verdict is continued after (see the module)."""
+
+FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "system": frozenset(),
+        "query_analysis": frozenset({"question", "tools"}),
+        "planner": frozenset(
+            {"question", "analysis", "tools", "tool_names", "memory", "turn", "max_turns"}
+            | {"examples"}
+        ),
+        "plan_example": frozenset({"tool", "justification", "context", "sub_goal"}),
+        "executor": frozenset({"question", "context", "sub_goal", "tool", "tool_description"}),
+        "executor_json_fallback": frozenset({"tool", "schema"}),
+        "verifier": frozenset({"question", "analysis", "tools", "memory"}),
+        "generator": frozenset({"question", "analysis", "memory"}),
+    }
+)
+"""The fields each role's template may use; every one is given when the template is rendered."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budgets:
+    """Each fixed-engine role's reply budget, in new tokens.
+
+    `--engine-max-new-tokens` (the engine's `fixed_max_new_tokens`) overrides them all.
+    """
+
+    query_analysis: int = 512
+    executor: int = 512
+    verifier: int = 512
+    verifier_conclusion: int = 8
+    """The verifier's follow-up: the word after `Conclusion:` (it also ends at a newline)."""
+    generator: int = 1024
+    engine: int = 1024
+    """Any other engine call (the `generalist` and `python_coder` tools)."""
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"budget {name} must be a whole number >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryView:
+    """What of memory and the question a role's prompt shows."""
+
+    arguments: bool = True
+    """Each tool call's arguments."""
+    sub_goals: bool = True
+    """Each step's sub-goal."""
+    analysis: bool = True
+    """The query analysis (when the run has one)."""
+    bare_question: bool = False
+    """The question without its trailing `ANSWER_INSTRUCTION`."""
+
+
+ExampleOrder = Callable[[Sequence[StepRecord], Sequence[Example]], list[Example]]
+"""Order (and reword) the generator's worked answers for a memory: `(memory, examples)`."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prompts:
+    """The templates, worked examples and budgets of one flow: what the nodes say to models.
+
+    `AGENTFLOW_PROMPTS` is the default; `flowlearn.nodes.smollm2.SMOLLM2_PROMPTS` is the set
+    tuned for the embedded 135M model. Build your own with `dataclasses.replace`.
+    """
+
+    name: str = "custom"
+    """A name for logs and run records."""
+    system: str = SYSTEM_PROMPT
+    query_analysis: str = QUERY_ANALYSIS_PROMPT
+    analyze: bool = True
+    """Whether a run analyses the question first when its `Context.query_analysis` is None."""
+    brief_analysis_catalogue: bool = False
+    """Show the query analysis only each tool's name and description, not its full entry."""
+    planner: str = PLANNER_PROMPT
+    planner_analysis: str = PLANNER_ANALYSIS
+    """The planner template's analysis section, left out when the run has no analysis."""
+    plan_example: str = PLAN_EXAMPLE
+    plan_examples: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Worked plans by tool name (justification, context, sub_goal), shown in `{examples}`."""
+    planner_reply_prefix: str | None = None
+    """Open the planner's reply with this (a prefill) on a policy that continues one."""
+    executor: str = EXECUTOR_PROMPT
+    executor_json_fallback: str = EXECUTOR_JSON_FALLBACK_PROMPT
+    executor_view: MemoryView = MemoryView(bare_question=False)
+    call_examples: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    """Worked tool calls by tool name (question, context, sub_goal, arguments), shown to the
+    executor as earlier chat turns; a tool's own `metadata["call_examples"]` comes first."""
+    verifier: str = VERIFIER_PROMPT
+    verifier_analysis: str = VERIFIER_ANALYSIS
+    verifier_conclusion: str = VERIFIER_CONCLUSION
+    verdict_choices: tuple[str, ...] = ()
+    """When set, an engine that scores choices picks the follow-up verdict among these."""
+    generator: str = GENERATOR_PROMPT
+    generator_analysis: str = GENERATOR_ANALYSIS
+    generator_view: MemoryView = MemoryView()
+    generator_examples: Sequence[Example] = ()
+    order_examples: ExampleOrder | None = None
+    """How the generator's worked answers are ordered for a memory; None keeps their order."""
+    budgets: Budgets = Budgets()
+    tool_order: tuple[str, ...] = ()
+    """The built-in tools' order in the prompts (named first, in this order; others after)."""
+    search_k: int = 5
+    """Passages `local_search` returns."""
+
+    def __post_init__(self) -> None:
+        for role, allowed in FIELDS.items():
+            check_template(role, getattr(self, role), allowed)
+        for role in ("planner", "verifier", "generator"):
+            section = getattr(self, f"{role}_analysis")
+            if section and section not in getattr(self, role):
+                # a section that cannot be found would be left in a run without an analysis
+                object.__setattr__(self, f"{role}_analysis", "")
+        if self.search_k < 1:
+            raise ValueError(f"search_k must be >= 1, got {self.search_k}")
+
+    def template(self, role: str, *, analysis: bool) -> str:
+        """Return a role's template, without its analysis section when `analysis` is off."""
+        text: str = getattr(self, role)
+        section = getattr(self, f"{role}_analysis", "")
+        return text if analysis or not section else text.replace(section, "")
+
+
+def check_template(role: str, template: object, allowed: frozenset[str]) -> None:
+    """Refuse a template that is not a string or uses a field its role does not give.
+
+    Raises:
+        ValueError: naming the role, the unknown fields and the ones allowed.
+
+    """
+    if not isinstance(template, str):
+        raise ValueError(f"the {role} prompt must be a string, got {type(template).__name__}")
+    try:
+        used = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as exc:
+        raise ValueError(f"the {role} prompt is not a valid str.format template: {exc}") from None
+    unknown = sorted(used - allowed)
+    if unknown:
+        raise ValueError(
+            f"the {role} prompt uses fields {unknown}, which that role does not give; "
+            f"its fields are {sorted(allowed)} (write a literal brace as {{{{ or }}}})"
+        )
+
+
+AGENTFLOW_PROMPTS = Prompts(name="agentflow")
+"""AgentFlow's flow: the paper's prompts and order, a query analysis, budgets for real models."""
+
+
+def runs_analysis(context: Context, prompts: Prompts) -> bool:
+    """Say whether a run analyses the question: its `query_analysis`, else the prompts' choice."""
+    return prompts.analyze if context.query_analysis is None else context.query_analysis

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from flowlearn.nodes.prompts import ANSWER_INSTRUCTION, EMPTY_MEMORY, SYSTEM_PROMPT
+from flowlearn.nodes.prompts import ANSWER_INSTRUCTION, EMPTY_MEMORY, SYSTEM_PROMPT, MemoryView
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord, Transition
 from flowlearn.nodes.schema.sampling import Generation
-
-if TYPE_CHECKING:
-    pass
 
 
 def _under(value: Any) -> str:
@@ -25,11 +22,7 @@ def _under(value: Any) -> str:
 
 
 def bare_question(question: str) -> str:
-    """Return the question without the trailing answer instruction (the executor's, generator's).
-
-    Both roles' own prompts say what to write; the instruction to answer in tags only drew the
-    small engine off (see `ANSWER_INSTRUCTION`).
-    """
+    """Return the question without its trailing answer instruction (`MemoryView.bare_question`)."""
     return question.replace(ANSWER_INSTRUCTION, "").rstrip()
 
 
@@ -71,33 +64,39 @@ def memory_prompt(
     state: Mapping[str, Any],
     examples: Sequence[tuple[str, Sequence[StepRecord], str]] = (),
     *,
-    arguments: bool = True,
-    sub_goals: bool = True,
+    view: MemoryView | None = None,
+    system: str = SYSTEM_PROMPT,
+    tools: str = "",
 ) -> list[dict[str, str]]:
-    """Render a template over the question, analysis and memory (verifier, generator).
+    """Render a template over the question, analysis, memory and tools (verifier, generator).
 
     Each of `examples` (a question, its memory and the reply wanted) comes first as an earlier
-    user and assistant turn, rendered by the same template: small engines follow a shown
-    reply far better than a described one. `arguments` and `sub_goals` as for `render_memory`.
+    user and assistant turn, rendered by the same template. `view` says what of the memory and
+    question is shown; the analysis is left empty when `view.analysis` is off.
     """
+    view = view or MemoryView()
+    question = str(state["question"])
+    memory = state.get("memory", [])
     messages = prompt_messages(
         template.format(
-            question=state["question"],
-            analysis=state.get("analysis", ""),
-            memory=render_memory(state.get("memory", []), arguments=arguments, sub_goals=sub_goals),
-        )
+            question=bare_question(question) if view.bare_question else question,
+            analysis=state.get("analysis", "") if view.analysis else "",
+            memory=render_memory(memory, arguments=view.arguments, sub_goals=view.sub_goals),
+            tools=tools,
+        ),
+        system=system,
     )
     shown = []
-    for question, memory, reply in examples:
-        rendered = render_memory(memory, arguments=arguments, sub_goals=sub_goals)
-        user = template.format(question=question, analysis="", memory=rendered)
+    for example_question, example_memory, reply in examples:
+        rendered = render_memory(example_memory, arguments=view.arguments, sub_goals=view.sub_goals)
+        user = template.format(question=example_question, analysis="", memory=rendered, tools=tools)
         shown += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
     return [messages[0], *shown, *messages[1:]]
 
 
-def prompt_messages(user: str) -> list[dict[str, str]]:
+def prompt_messages(user: str, *, system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
     """Return the system and user messages of a prompt."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def transition(

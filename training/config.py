@@ -61,9 +61,16 @@ class FlowGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Tool names to enable; default: all default tools."}
     )
     corpus: str | None = _help("JSONL corpus for local_search.", None)
-    query_analysis: bool = _help("See Context.query_analysis (default off).", False, **FLAG)
+    query_analysis: bool | None = _help(
+        "See Context.query_analysis; default: the prompt set's choice.", None, **FLAG
+    )  # type: ignore[assignment]
+    prompts: str | None = _help(
+        "Prompt set: agentflow or smollm2; default: smollm2 when the planner or engine is the "
+        "embedded default, else agentflow (the planner trains on what it will be served).",
+        None,
+    )
     engine_max_new_tokens: int | None = _help(
-        "Fixed engine tokens per call; default: each role's own budget (nodes/prompts.py).", None
+        "Fixed engine tokens per call; default: each role's own (the prompt set's).", None
     )
     mode: Literal["paper", "verl_like", "sequence"] = _help("Flow-GRPO weighting mode.", "paper")
     drop_zero_variance: bool = _help("Drop groups whose rewards are all equal.", False)
@@ -194,7 +201,7 @@ def context_from(
         planner_top_p=args.top_p,
         planner_max_new_tokens=args.max_completion_length or 512,
         tools=tuple(tools) if tools else None,
-        query_analysis=bool(getattr(args, "query_analysis", False)),
+        query_analysis=getattr(args, "query_analysis", None),
     )
 
 

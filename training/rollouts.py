@@ -23,6 +23,7 @@ from flowlearn.graphs.agentflow import build_agentflow
 from flowlearn.nodes.policies.batching import BatchingPolicy
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.protocol import Policy
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.collect import REWARD_ERROR_POLICIES, RewardTerm, collect
 from flowlearn.training.provenance import DROPPED
@@ -132,12 +133,14 @@ class Rollouts:
         return trajectories
 
 
-def agentflow_factory(engine: BaseChatModel, tools: Sequence[BaseTool]) -> Callable[[Policy], Any]:
-    """Return a function from the live policy to the default AgentFlow graph."""
+def agentflow_factory(
+    engine: BaseChatModel, tools: Sequence[BaseTool], prompts: Prompts = AGENTFLOW_PROMPTS
+) -> Callable[[Policy], Any]:
+    """Return a function from the live policy to the AgentFlow graph with `prompts`."""
     bound = list(tools)
 
     def factory(policy: Policy) -> Any:
-        return build_agentflow(policy, engine, bound)
+        return build_agentflow(policy, engine, bound, prompts=prompts)
 
     return factory
 

@@ -14,6 +14,7 @@ from flowlearn.evals.scorers import CaseScorer
 from flowlearn.evals.tasks import load_cases_and_scorer
 from flowlearn.nodes.files import save_atomically
 from flowlearn.nodes.policies.handle import ModelHandle
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.training.checkpoints import last_complete_checkpoint
 from flowlearn.training.collect import format_penalty
 from flowlearn.training.config import FlowGRPOConfig
@@ -41,6 +42,7 @@ class TrainingParts:
     cases: list[Case] | None = None
     scorer: CaseScorer | None = None
     handle: ModelHandle | None = None
+    prompts: Prompts = AGENTFLOW_PROMPTS
     """The planner's handle, shared with the frozen base when it is the engine."""
 
 
@@ -76,6 +78,7 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
             scorer=parts.scorer,
             engine=parts.engine,
             tools=parts.tools,
+            prompts=parts.prompts,
             rollout_store=TrajectoryStore(out / ROLLOUTS_FILE),
             reward_errors=config.reward_errors,
             handle=parts.handle,

@@ -31,6 +31,7 @@ from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.policies.protocol import Policy
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.collect import RewardTerm
 from flowlearn.training.config import check_settings, context_from
@@ -152,6 +153,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         scorer: CaseScorer,
         engine: BaseChatModel | None = None,
         tools: Sequence[BaseTool] = (),
+        prompts: Prompts = AGENTFLOW_PROMPTS,
         graph_factory: Callable[[Policy], Any] | None = None,
         extra_rewards: Mapping[str, RewardTerm] | None = None,
         rollout_store: TrajectoryStore | None = None,
@@ -170,6 +172,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             scorer: `(answer, case) -> Score`, the outcome reward.
             engine: the fixed chat model of the default AgentFlow graph.
             tools: the tools of the default AgentFlow graph.
+            prompts: what the default graph's nodes say to their models (`Prompts`).
             graph_factory: instead of engine and tools, any graph: a function from the live
                 policy to a compiled graph whose nodes append policy calls to `transitions`
                 (see `flowlearn.nodes.policy_transition`).
@@ -197,7 +200,7 @@ class FlowGRPOTrainer(GRPOTrainer):
                     "online training needs a graph: give graph_factory, or engine and tools "
                     "for the default AgentFlow graph"
                 )
-            graph_factory = agentflow_factory(engine, tools)
+            graph_factory = agentflow_factory(engine, tools, prompts)
         source = Rollouts(
             graph_factory,
             scorer,

@@ -10,6 +10,7 @@ from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.hf_chat import HFChatModel
 from flowlearn.nodes.policies.loading import (
     BASE_SOURCE,
+    DEFAULT_SOURCES,
     ModelNotFoundError,
     load_model_and_tokenizer,
     untrained_twin,
@@ -22,6 +23,7 @@ from flowlearn.nodes.policies.server_chat import ServerChatModel
 
 __all__ = [
     "BASE_SOURCE",
+    "DEFAULT_SOURCES",
     "BatchingPolicy",
     "ChatModelPolicy",
     "FrozenBasePolicy",

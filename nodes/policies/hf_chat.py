@@ -210,9 +210,13 @@ class HFChatModel(BaseChatModel):
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
+    def can_choose(self) -> bool:
+        """Say whether a call may be given `choice` (`ChoosingModel`)."""
+        return self.scores_choices and isinstance(self.policy, ScoringPolicy)
+
     def _chosen(self, chat: Messages, kwargs: dict[str, Any]) -> ChatResult:
         """Reply with one of `kwargs["choice"]` (see the class docstring)."""
-        if not self.scores_choices or not isinstance(self.policy, ScoringPolicy):
+        if not self.can_choose():
             raise ValueError(f"{type(self).__name__} cannot score a `choice`; call without it")
         if kwargs.get("tools") or kwargs.get("tool_choice"):
             raise ValueError("a call cannot have both `choice` and tools: give one of them")

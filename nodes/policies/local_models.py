@@ -9,7 +9,7 @@ from flowlearn.nodes.policies.batching import BatchingPolicy
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.hf_chat import HFChatModel
 from flowlearn.nodes.policies.loading import untrained_twin
-from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
+from flowlearn.nodes.prompts import Budgets
 
 
 @dataclass
@@ -27,6 +27,7 @@ def load_local_models(
     device: str | None = None,
     dtype: str | None = None,
     engine_max_new_tokens: int | None = None,
+    engine_budget: int = Budgets().engine,
     batch_size: int = 1,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> LocalModels:
@@ -40,7 +41,8 @@ def load_local_models(
         device: "cpu", "cuda", ...; None picks CUDA when available.
         dtype: a torch dtype name; None picks bf16 on CUDA and fp32 on CPU.
         engine_max_new_tokens: the engine's token budget for every call; None: each role's
-            own (`nodes.prompts`: the executor's, verifier's, generator's, ...).
+            own (`Prompts.budgets`: the executor's, verifier's, generator's, ...).
+        engine_budget: the budget of an engine call that names none (the tools' calls).
         batch_size: above 1, concurrent calls (from concurrent rollouts or eval cases) are
             decoded together by a `BatchingPolicy` of that size.
         cache_dir: where the converted default model is kept (see `loading.cache_dir`).
@@ -65,7 +67,7 @@ def load_local_models(
         planner=planner_policy,
         engine=HFChatModel(
             policy=engine_policy,
-            max_new_tokens=ENGINE_MAX_TOKENS,
+            max_new_tokens=engine_budget,
             fixed_max_new_tokens=engine_max_new_tokens,
         ),
     )

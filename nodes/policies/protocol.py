@@ -20,14 +20,36 @@ class Policy(Protocol):
         ...
 
 
-def continues_prefill(policy: object) -> bool:
-    """Say whether `policy` continues a final assistant message (a prefill) rather than reply.
+@runtime_checkable
+class PrefillPolicy(Protocol):
+    """A policy that may continue a final assistant message (a prefill) rather than reply anew.
 
     Policies that render the model's chat template themselves (`HFPolicy`, `BatchingPolicy`,
-    `ServerPolicy`, training's vLLM policy) set `continues_prefill = True`, so the planner opens
-    their reply with its first label; a chat-model policy or a user's own gets the plain prompt.
+    `ServerPolicy`, training's vLLM policy) set `continues_prefill = True`, so a planner with a
+    reply prefix opens their reply with it; a chat-model policy or a user's own gets the plain
+    prompt.
     """
-    return getattr(policy, "continues_prefill", False) is True
+
+    continues_prefill: bool
+
+
+@runtime_checkable
+class ChoosingModel(Protocol):
+    """A chat model a call may give `choice=[...]`: it replies with the likeliest of them."""
+
+    def can_choose(self) -> bool:
+        """Say whether this model can score choices (a local model's scores are at hand)."""
+        ...
+
+
+def continues_prefill(policy: object) -> bool:
+    """Say whether `policy` continues a prefill (`PrefillPolicy` with the flag on)."""
+    return isinstance(policy, PrefillPolicy) and policy.continues_prefill is True
+
+
+def can_choose(engine: object) -> bool:
+    """Say whether `engine` can reply by choice (`ChoosingModel` that says it can)."""
+    return isinstance(engine, ChoosingModel) and engine.can_choose()
 
 
 class ChatModelPolicy:

@@ -46,14 +46,12 @@ class Context:
             "it, the question and the turn); None = random."
         },
     )
-    query_analysis: bool = field(
-        default=False,
+    query_analysis: bool | None = field(
+        default=None,
         metadata={
             "description": "Analyse the question before the first plan (the paper's query "
-            "analysis, by the fixed engine), shown to the planner and verifier. Off by default: "
-            "the embedded 135M engine's analyses often mislead, and at greedy decoding the shipped "
-            "planner chooses its tool better without one (README, issue 18). Try both with a "
-            "planner trained with it."
+            "analysis, by the fixed engine), shown to the planner and verifier. None: the "
+            "prompt set's choice (on for AgentFlow's prompts, off for the smollm2 preset)."
         },
     )
     tools: tuple[str, ...] | None = field(
@@ -101,8 +99,11 @@ class Context:
                 "tool_timeout_s must be > 0 (a finite number of seconds), "
                 f"got {self.tool_timeout_s!r}"
             )
-        if not isinstance(self.query_analysis, bool):  # "false" from a form would read true
-            raise ValueError(f"query_analysis must be true or false, got {self.query_analysis!r}")
+        if self.query_analysis is not None and not isinstance(self.query_analysis, bool):
+            # "false" from a form would read true
+            raise ValueError(
+                f"query_analysis must be true, false or null, got {self.query_analysis!r}"
+            )
         if self.tools is not None and not isinstance(self.tools, tuple):
             object.__setattr__(self, "tools", tuple(self.tools))
 

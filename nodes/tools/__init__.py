@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,8 @@ from flowlearn.nodes.tools.wikipedia import wikipedia_tool
 BUNDLED_CORPUS = Path(__file__).parent / "data" / "world_facts.jsonl"
 
 
-BASE_TOOLS = ("local_search", "generalist", "python")
-"""The offline default set, in order."""
+BASE_TOOLS = ("generalist", "python", "local_search")
+"""The offline default set, in order (AgentFlow's: its generator, its coder, then search)."""
 WEB_TOOLS = ("wikipedia_search", "web_search")
 """The web tools, added with `web=True`."""
 
@@ -36,15 +37,13 @@ def default_tools(
     python_timeout: float = 10.0,
     python_isolation: Isolation = "bwrap",
     wikipedia_endpoint: str | None = None,
+    k: int = 5,
+    order: Sequence[str] = (),
 ) -> list[BaseTool]:
-    """Return the default tools: `local_search`, `generalist`, `python`; web ones when asked.
+    """Return the default tools: `generalist`, `python`, `local_search`; web ones when asked.
 
-    The order is the planner prompt's (catalogue, tool list and plan examples), and it sets
-    the untrained embedded SmolLM2's first choice: the chance of " python" as the token after
-    `Tool Name:` at T=0.7, averaged over 12 training questions (a one-off next-token measure),
-    was 0.90 for either kind with python listed first; with local_search first, python 0.50
-    and local_search 0.36 on arithmetic, 0.42 and 0.44 on lookups: a start that leaves
-    Flow-GRPO something to choose between.
+    The order is the planner prompt's (catalogue, tool list and plan examples); `order` names
+    tools to put first, in its order (a prompt set's `tool_order`).
 
     Args:
         engine: the fixed chat model the generalist calls.
@@ -57,13 +56,22 @@ def default_tools(
             "none": run model-written code unisolated, an explicit opt-in that logs a warning.
         wikipedia_endpoint: the MediaWiki API URL `wikipedia_search` calls (default: English
             Wikipedia).
+        k: passages `local_search` returns.
+        order: tool names to list first, in this order; the rest keep theirs.
 
     """
     python = python_tool(timeout=python_timeout, isolation=python_isolation)
-    tools = [local_search_tool(corpus or str(BUNDLED_CORPUS)), generalist_tool(engine), python]
+    search = local_search_tool(corpus or str(BUNDLED_CORPUS), k=k)
+    tools = [generalist_tool(engine), python, search]
     if web:
         tools += [wikipedia_tool(endpoint=wikipedia_endpoint), web_search_tool()]
-    return tools
+    return ordered(tools, order)
+
+
+def ordered(tools: Sequence[BaseTool], order: Sequence[str]) -> list[BaseTool]:
+    """Return `tools` with those `order` names first, in its order; the rest keep theirs."""
+    rank = {name: index for index, name in enumerate(order)}
+    return sorted(tools, key=lambda tool: rank.get(tool.name, len(rank)))
 
 
 __all__ = [

@@ -103,36 +103,8 @@ def load_index(corpus: str | os.PathLike[str]) -> BM25Index:
     return _cached_index(str(path), stat.st_mtime_ns, stat.st_size)
 
 
-CALL_QUESTIONS = (
-    "Who wrote the novel The Glass Road?",
-    "How long is the Kora Bridge, in metres?",
-    "What is the capital of Kenya?",
-)
-"""The questions of the executor's worked calls: each call's query is its question, word for
-word, so the embedded SmolLM2 executor writes the question (or its entity) as its own query.
-With Kenya's alone, its 24 held-out lookup calls under the plan example's sub-goal found the
-answer's passage, first of 3, 24 times, 17 with no worked call, 15 with usage notes saying so
-instead (`bench/executor_lookups.py`); a keyword query as the example ("capital of Kenya") was
-copied, Kenya and all (13 found). Under the trained planner's sub-goals, the engine still wrote
-queries like "The passage that answers the question has an id of 1234..." for some questions,
-sensitive to which calls share a batch; with these three, the answer's passage came first for
-23 and 24 of 24 held-out lookups (two wordings of that sub-goal) against 21 and 23 with Kenya's
-alone, and 12 and 12 of `bench/outside_set.py`'s 12 against 12 and 11
-(`bench/executor_examples.py --tool local_search`)."""
-
-
-PLAN_SUB_GOAL = "Find the passage that answers the question."
-"""The plan example's sub-goal, and the worked calls' (a small planner copies it whole)."""
-
-
-def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 3) -> BaseTool:
-    """Return `local_search`: BM25 top-`k` passages, with ids, from a local JSONL corpus.
-
-    Three by default: on the tool task's held-out lookups (the passage found in 19 of 24 of the
-    engine's searches), the embedded SmolLM2 generator answered 11 of 24 from 5 passages and
-    12 from 3 (`bench/generator_views.py`); a one-off run gave 14 from 2 and 15 from 1. Three
-    keeps some recall for larger corpora.
-    """
+def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 5) -> BaseTool:
+    """Return `local_search`: BM25 top-`k` passages, with ids, from a local JSONL corpus."""
     index = load_index(corpus)
 
     def local_search(query: str) -> str:
@@ -150,18 +122,5 @@ def local_search_tool(corpus: str | os.PathLike[str], *, k: int = 3) -> BaseTool
         "by keywords and return the most relevant passages with their ids.",
         metadata={
             "usage_notes": "Use short keyword queries naming the entity you need.",
-            # About "the question", not an example question of its own: the untrained embedded
-            # planner copies a plan example's sub-goal whole (bench/planner_first_turns.py),
-            # and "Find the year the Eiffel Tower was completed." then sent the executor's
-            # query astray (12 of 24 held-out lookups found, 19 under the question itself).
-            "plan_example": {
-                "justification": "The question asks for a fact the documents hold.",
-                "context": "The question names what to look up.",
-                "sub_goal": PLAN_SUB_GOAL,
-            },
-            "call_examples": [
-                {"question": q, "context": q, "sub_goal": PLAN_SUB_GOAL, "arguments": {"query": q}}
-                for q in CALL_QUESTIONS
-            ],
         },
     )

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import logging
 import re
-from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 from langchain_core.tools import BaseTool, StructuredTool
@@ -149,8 +148,7 @@ def extract_code(text: str) -> str:
 def usage_notes(limits: Limits, isolation: Isolation) -> str:
     """Return what the model is told about the tool: the truth about where its code runs."""
     notes = (
-        # no worked numbers here: a small engine copies them into every call (measured: the
-        # embedded SmolLM2 wrote `17 * 23` for each product while this note showed it)
+        # no worked numbers here: a small engine copies them into every call
         "The value of a bare last expression is shown, as in a notebook; "
         "print() anything else you need. Variables do not persist between calls. "
     )
@@ -164,33 +162,6 @@ def usage_notes(limits: Limits, isolation: Isolation) -> str:
         + (f" and {packages} can" if packages else " can")
         + " be imported."
     )
-
-
-PLAN_SUB_GOAL = "Compute the question's expression with code."
-"""The plan example's sub-goal, and the worked calls' (a small planner copies it whole)."""
-
-CALL_EXAMPLES = (
-    ("Add up 8, 15 and 27.", "8 + 15 + 27"),
-    ("How much is 75 less than 620?", "620 - 75"),
-    ("What is 12 times 34?", "12 * 34"),
-)
-"""The python tool's worked calls for the executor (question, code): three operations, one worded
-in reverse order, under the sub-goal a planner copies from the plan example. Measured on the
-embedded SmolLM2 as the engine (`bench/executor_examples.py`), the code printing the exact
-answer under the trained planner's sub-goal ("Find passage that answers question.") / the plan
-example's: with "What is 12 times 34?" alone (sub-goal "Compute 12 * 34."), 21 / 21 of the 24
-held-out arithmetic questions, 5 / 6 of 24 in other phrasings, 8 / 8 of `bench/outside_set.py`'s
-12 (it copied `12 * 34` into sums and differences); with these three, 23 / 23, 18 / 18 and 11 /
-11.
-"""
-
-
-def worked_calls(pairs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Return (question, code) pairs as the tool's `call_examples` metadata holds them."""
-    return [
-        {"question": q, "context": q, "sub_goal": PLAN_SUB_GOAL, "arguments": {"code": c}}
-        for q, c in pairs
-    ]
 
 
 def python_tool(
@@ -232,13 +203,6 @@ def python_tool(
         ),
         metadata={
             "usage_notes": usage_notes(bounds, isolation),
-            # About "the question", as local_search's (copied whole by a small planner).
-            "plan_example": {
-                "justification": "The question needs an exact result, which code computes.",
-                "context": "The question gives the numbers.",
-                "sub_goal": PLAN_SUB_GOAL,
-            },
-            "call_examples": worked_calls(CALL_EXAMPLES),
         },
     )
 

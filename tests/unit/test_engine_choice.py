@@ -4,6 +4,7 @@ follow-up made of it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +16,7 @@ from pydantic import Field
 
 from fakes import FakeChatModel
 from flowlearn.graphs import Context
-from flowlearn.nodes import make_verifier
+from flowlearn.nodes import make_verifier as _make_verifier
 from flowlearn.nodes.policies import (
     BatchingPolicy,
     FrozenBasePolicy,
@@ -27,7 +28,9 @@ from flowlearn.nodes.policies import (
 from flowlearn.nodes.policies.choices import choice_logprobs
 from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.policies.hf import chat_prompt_ids
-from flowlearn.nodes.prompts import VERDICT_CHOICES
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS, VERDICT_CHOICES
+
+make_verifier = partial(_make_verifier, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
 
 
 @tool

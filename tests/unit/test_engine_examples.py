@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,12 +13,15 @@ from langchain_core.messages import AIMessage, BaseMessage
 from fakes import FakeChatModel
 from flowlearn.evals.cases import ANSWER_INSTRUCTION, with_answer_instruction
 from flowlearn.graphs import Context
-from flowlearn.nodes import make_executor, make_generator, make_verifier
+from flowlearn.nodes import make_executor as _make_executor
+from flowlearn.nodes import make_generator as _make_generator
+from flowlearn.nodes import make_verifier as _make_verifier
 from flowlearn.nodes.executor import call_example_turns
-from flowlearn.nodes.generator import ordered_examples
 from flowlearn.nodes.render import bare_question
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
+from flowlearn.nodes.smollm2 import WORKED_ANSWERS as GENERATOR_EXAMPLES
+from flowlearn.nodes.smollm2 import order_by_form as ordered_examples
 from flowlearn.nodes.tools import default_tools
-from flowlearn.nodes.worked_answers import GENERATOR_EXAMPLES
 
 STATE: dict[str, Any] = {
     "question": "What is 5 * 7?",
@@ -35,6 +39,10 @@ STATE: dict[str, Any] = {
         },
     ],
 }
+
+make_executor = partial(_make_executor, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
+make_generator = partial(_make_generator, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
+make_verifier = partial(_make_verifier, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
 
 
 def runtime() -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,14 +18,17 @@ from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.compose import FlowSpec, UsageError
 from flowlearn.flow_setup import add_flow_options, spec_from_args
 from flowlearn.graphs import Context
-from flowlearn.nodes import make_executor, make_generator, make_planner, make_verifier
-from flowlearn.nodes.prompts import (
-    ANSWER_STOP,
-    EXECUTOR_MAX_TOKENS,
-    GENERATOR_MAX_TOKENS,
-    QUERY_ANALYSIS_MAX_TOKENS,
-    VERIFIER_MAX_TOKENS,
-)
+from flowlearn.nodes import make_executor as _make_executor
+from flowlearn.nodes import make_generator as _make_generator
+from flowlearn.nodes import make_planner as _make_planner
+from flowlearn.nodes import make_verifier as _make_verifier
+from flowlearn.nodes.prompts import ANSWER_STOP
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
+
+make_executor = partial(_make_executor, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
+make_generator = partial(_make_generator, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
+make_planner = partial(_make_planner, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
+make_verifier = partial(_make_verifier, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
 
 
 @tool
@@ -71,10 +75,10 @@ def test_each_role_binds_its_budget_and_the_generator_its_stop() -> None:
     make_verifier(engine)(STATE, runtime())
     make_generator(engine)(STATE, runtime())
     assert [call.get("max_tokens") for call in engine.settings] == [
-        QUERY_ANALYSIS_MAX_TOKENS,
-        EXECUTOR_MAX_TOKENS,
-        VERIFIER_MAX_TOKENS,
-        GENERATOR_MAX_TOKENS,
+        SMOLLM2_PROMPTS.budgets.query_analysis,
+        SMOLLM2_PROMPTS.budgets.executor,
+        SMOLLM2_PROMPTS.budgets.verifier,
+        SMOLLM2_PROMPTS.budgets.generator,
     ]
     assert [call["stop"] for call in engine.settings] == [None, None, None, [ANSWER_STOP]]
 

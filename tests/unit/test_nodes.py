@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -9,7 +10,16 @@ from langchain_core.tools import tool
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.graphs import Context
-from flowlearn.nodes import make_executor, make_generator, make_planner, make_verifier
+from flowlearn.nodes import make_executor as _make_executor
+from flowlearn.nodes import make_generator as _make_generator
+from flowlearn.nodes import make_planner as _make_planner
+from flowlearn.nodes import make_verifier as _make_verifier
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
+
+make_executor = partial(_make_executor, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
+make_generator = partial(_make_generator, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
+make_planner = partial(_make_planner, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
+make_verifier = partial(_make_verifier, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin
 
 
 @tool

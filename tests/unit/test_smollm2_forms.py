@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flowlearn.nodes.result_forms import likeness, skeleton
+from flowlearn.nodes.smollm2 import likeness, skeleton
 
 
 def test_a_skeleton_keeps_the_words_and_hides_names_and_numbers() -> None:
