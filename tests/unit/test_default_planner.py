@@ -19,7 +19,7 @@ from flowlearn.nodes.policies import loading
 from flowlearn.nodes.policies.loading import load_model_and_tokenizer, untrained_twin
 from flowlearn.nodes.policies.local_models import load_local_models
 
-BENCH = Path(__file__).parents[2] / "bench"
+BENCH = Path(__file__).parents[2] / "research" / "default-planner"
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_bench_ship_adapter_writes_a_half_precision_copy_that_loads_as_the_defau
     warm = BENCH / "learn_tools_warm.yaml"
     ship_adapter.ship(shipped, tmp_path / "warm", recipe=warm)
     recorded = json.loads((tmp_path / "warm" / "SOURCE.json").read_text())["recipe"]
-    assert recorded == "bench/learn_tools_warm.yaml"  # named from the repository root
+    assert recorded == "research/default-planner/learn_tools_warm.yaml"  # from the repo root
     with pytest.raises(SystemExit, match=r"--recipe .* is not a file"):
         ship_adapter.ship(shipped, tmp_path / "nowhere", recipe=tmp_path / "missing.yaml")
 

@@ -1,4 +1,7 @@
-"""bench/hard_cases.py: the fresh pool and the rounds it keeps (the probe needs SmolLM2)."""
+"""research/default-planner/hard_cases.py: the fresh pool and the rounds it keeps.
+
+The probe needs SmolLM2.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pytest
 
 from flowlearn.evals.tool_task import CORPUS_FILE
 
-BENCH = Path(__file__).parents[2] / "bench"
+BENCH = Path(__file__).parents[2] / "research" / "default-planner"
 
 
 def load() -> object:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-PACKAGE_DIRS = ("flowlearn", "graphs", "nodes", "training", "evals", "bench")
+PACKAGE_DIRS = ("flowlearn", "graphs", "nodes", "training", "evals", "bench", "research")
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 80
 
 
@@ -49,14 +49,16 @@ def test_only_the_composition_root_reads_flowlearn_variables() -> None:
 
 def test_bench_imports_only_flowlearn() -> None:
     offenders = []
-    for path in sources("bench"):
+    for path in sources("bench", "research"):
         text = path.read_text(encoding="utf-8")
         if "tests" in re.findall(r"sys\.path\.insert\(.*?\"(\w+)\"", text) or re.search(
-            r"parents\[1\]\s*/\s*\"tests\"", text
+            r"parents\[\d\]\s*/\s*\"tests\"", text
         ):
             offenders.append(str(path.relative_to(ROOT)))
         for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ImportFrom) and node.module in {"fakes", "tiny_model"}:
+            if isinstance(node, ast.ImportFrom) and (
+                node.module in {"fakes", "tiny_model"} or (node.module or "").startswith("tests")
+            ):
                 offenders.append(f"{path.relative_to(ROOT)} imports {node.module}")
     assert not offenders, offenders
 

@@ -1,4 +1,7 @@
-"""bench/learn_tools_noanalysis.yaml continues the shipped planner in the flow's layout."""
+"""The no-analysis recipe continues the shipped planner in the flow's layout.
+
+research/default-planner/learn_tools_noanalysis.yaml.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +12,19 @@ import pytest
 pytest.importorskip("trl")
 
 ROOT = Path(__file__).parents[2]  # the recipes name their files from the repo root
+RECIPES = ROOT / "research" / "default-planner"
 
 
 def test_it_is_the_warm_recipe_without_the_analysis_on_train_lines_nothing_read() -> None:
     from flowlearn.training.config import parse_config
 
-    warm = vars(parse_config(["--config", str(ROOT / "bench" / "learn_tools_warm.yaml")]))
-    late = vars(parse_config(["--config", str(ROOT / "bench" / "learn_tools_noanalysis.yaml")]))
+    warm = vars(parse_config(["--config", str(RECIPES / "learn_tools_warm.yaml")]))
+    late = vars(parse_config(["--config", str(RECIPES / "learn_tools_noanalysis.yaml")]))
     changed = {key for key in warm if warm[key] != late[key]} - {"distributed_state"}
     assert changed == {"query_analysis", "data", "corpus", "learning_rate", "output_dir"}
     assert (warm["query_analysis"], late["query_analysis"]) == (True, False)
     assert late["corpus"] == "evals/data/tooluse/corpus.jsonl"  # the task's own
-    recipe = (ROOT / "bench" / "learn_tools_noanalysis.yaml").read_text()
+    recipe = (RECIPES / "learn_tools_noanalysis.yaml").read_text()
     # its data: train.jsonl after the lines run 12 (16) and the probe (--skip 24, 40) read
     assert f"tail -n +65 evals/data/tooluse/train.jsonl > {late['data']}" in recipe
     lines = (ROOT / "evals" / "data" / "tooluse" / "train.jsonl").read_text().splitlines()

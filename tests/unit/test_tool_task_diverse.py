@@ -86,7 +86,9 @@ def test_its_recipe_is_the_shipped_planners_with_only_the_data_changed() -> None
 
     root = Path(__file__).parents[2]  # the recipes name their files from the repo root
     shipped = vars(parse_config(["--config", str(root / "examples" / "learn_tools.yaml")]))
-    diverse = vars(parse_config(["--config", str(root / "bench" / "learn_tools_diverse.yaml")]))
+    diverse = vars(
+        parse_config(["--config", str(root / "research/default-planner/learn_tools_diverse.yaml")])
+    )
     changed = {key for key in shipped if shipped[key] != diverse[key]}
     assert changed - {"distributed_state"} == {"data", "corpus", "output_dir"}, changed
     for key, path in (("data", tool_task_diverse.TRAIN_DIVERSE_FILE),
@@ -99,7 +101,9 @@ def test_the_warm_recipe_continues_the_shipped_planner_on_the_answered_first_spl
 
     root = Path(__file__).parents[2]
     shipped = vars(parse_config(["--config", str(root / "examples" / "learn_tools.yaml")]))
-    warm = vars(parse_config(["--config", str(root / "bench" / "learn_tools_warm.yaml")]))
+    warm = vars(
+        parse_config(["--config", str(root / "research/default-planner/learn_tools_warm.yaml")])
+    )
     changed = {key for key in shipped if shipped[key] != warm[key]} - {"distributed_state"}
     assert changed == {"planner", "engine", "data", "corpus", "max_steps", "output_dir"}
     assert (warm["planner"], warm["engine"]) == ("default", "default-base")
