@@ -244,7 +244,7 @@ class Rollouts:
     """Named reward terms added to the outcome (e.g. `format_penalty()`)."""
     store: TrajectoryStore | None = None
     """Where every rollout is also appended; under `accelerate launch`, one file per rank."""
-    concurrency: int = 16  # ROLLOUT_CONCURRENCY
+    concurrency: int = ROLLOUT_CONCURRENCY
     """Rollouts in flight at once; their planner calls are decoded together in batches."""
     reward_errors: str = "zero"
     """A rollout whose scorer failed trains with reward 0 (`zero`) or is left out (`drop`)."""
