@@ -40,8 +40,7 @@ from flowlearn.graphs import Context
 from flowlearn.nodes.policies.scripted import ScriptedChatModel as FakeChatModel
 from flowlearn.nodes.prompts import PLANNER_PROMPT
 from flowlearn.nodes.tools import python_tool
-from flowlearn.training.metrics import read_metrics
-from flowlearn.training.trainer import FlowGRPOTrainer
+from flowlearn.training.trainer import FlowGRPOTrainer, read_metrics
 
 RESULTS = Path(__file__).parent / "results" / "gpu_train.json"
 CPU_RESULTS = Path(__file__).parent / "results" / "gpu_train_cpu_small.txt"

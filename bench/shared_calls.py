@@ -27,7 +27,7 @@ from flowlearn.nodes.policies.batching import BatchingPolicy
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.hf_chat import HFChatModel
 from flowlearn.nodes.tools import default_tools
-from flowlearn.training.collect import collect
+from flowlearn.training.rollouts import collect
 
 RESULTS = Path(__file__).parent / "results" / "shared_calls.json"
 

@@ -68,7 +68,7 @@ def flows_arm(args: argparse.Namespace, tokenizer: Any) -> tuple[float, list[dic
     from flowlearn.graphs import Context, build_agentflow
     from flowlearn.nodes.policies.scripted import ScriptedChatModel
     from flowlearn.nodes.policies.server import ServerPolicy
-    from flowlearn.training.collect import collect
+    from flowlearn.training.rollouts import collect
 
     @tool
     def calculator(expression: str) -> str:

@@ -12,8 +12,8 @@ from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.scorers import SCORERS
 from flowlearn.flow_setup import UsageError, add_flow_options, context_from_args, spec_from_args
 from flowlearn.nodes.schema import token_faithful
-from flowlearn.training.collect import collect, format_penalty
-from flowlearn.training.store import TrajectoryStore
+from flowlearn.training.rollouts import collect, format_penalty
+from flowlearn.training.trajectories import TrajectoryStore
 
 
 def add_parser(commands: Any) -> None:

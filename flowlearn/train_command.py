@@ -27,9 +27,8 @@ def add_parser(commands: Any) -> None:
 def train_command(args: argparse.Namespace) -> int:
     """Validate the config, train, and say where the final policy is."""
     from flowlearn.training.config import parse_config
-    from flowlearn.training.run import resume_point, train
-    from flowlearn.training.run_record import check_run
-    from flowlearn.training.server_generation import AdapterError
+    from flowlearn.training.run import check_run, resume_point, train
+    from flowlearn.training.vllm.lora_server import AdapterError
     from flowlearn.training_parts import build_training_parts
 
     try:

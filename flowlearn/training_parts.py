@@ -27,7 +27,7 @@ from flowlearn.served_models import ServedNameError, server_engine
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
 from flowlearn.training.run import TrainingParts, cases_and_scorer
-from flowlearn.training.vllm_settings import require_vllm
+from flowlearn.training.vllm.settings import require_vllm
 
 
 def training_spec(config: FlowGRPOConfig) -> FlowSpec:

@@ -15,7 +15,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig
 
-from flowlearn.training.trajectory import Trajectory, Transition
+from flowlearn.training.trajectories import Trajectory, Transition
 
 TEMPERATURE = 0.7
 Spec = dict[str, list[tuple[float, list[int]]]]

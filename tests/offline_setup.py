@@ -11,7 +11,7 @@ from trl import GRPOConfig
 from flowlearn.graphs import Context
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.schema.sampling import Sampling
-from flowlearn.training.trajectory import Trajectory, Transition
+from flowlearn.training.trajectories import Trajectory, Transition
 
 CONTEXT = Context(max_turns=2, planner_temperature=0.7, planner_max_new_tokens=12)
 CASES = [

@@ -28,7 +28,7 @@ from flowlearn.evals.scorers import Score
 from flowlearn.nodes import Policy, Sampling, policy_transition
 from flowlearn.training import TrajectoryStore
 from flowlearn.training.trainer import FlowGRPOTrainer
-from flowlearn.training.trl_vllm import PerRankServer, VLLMFactory
+from flowlearn.training.vllm.trl_engine import PerRankServer, VLLMFactory
 
 SAMPLING = Sampling(temperature=0.7, top_p=1.0, max_new_tokens=6)
 

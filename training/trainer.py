@@ -13,57 +13,93 @@ Why it is built this way:
 3. Rollouts of step k+1 see the weights updated at step k: the policy wraps the live model.
 4. Two constructors, one per source: `online` (cases, a scorer and a graph) and `offline`
    (exported trajectories); `__init__` takes the source they build (`flowlearn.training.rollouts`).
+5. The run's health is written beside the checkpoints: every logging step appends one JSON line
+   to `output_dir/metrics.jsonl` with TRL's own metrics (loss, entropy, KL, clip ratios,
+   learning rate, step time) and the flow's (`flow/*`: mean reward, zero-variance group share,
+   format-error rate, mean turns, completion length, rollout and update seconds, and what the
+   batch left out: `rows_cut` to max_completion_length, `rows_dropped`,
+   `trajectories_dropped`, `reward_errors`) plus the mean reward of each group. On resume,
+   lines past the checkpoint's step are dropped first, so the file never holds a step twice.
+   A reward-curve PNG is redrawn at every save and at the end.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
+from transformers import TrainerCallback
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
+from flowlearn.nodes.files import JsonlFile, write_atomically
 from flowlearn.nodes.policies.handle import ModelHandle
+from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.protocol import Policy
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.schema.context import Context
-from flowlearn.training.collect import RewardTerm
+from flowlearn.training.batches import Batching, chunked_loss, next_piece, step_tensors
 from flowlearn.training.config import check_settings, context_from
-from flowlearn.training.flow_grpo import Mode, Scale, StepCredit, build_flow_grpo_rows
-from flowlearn.training.forward import recompute_old_logps, reference_logps
-from flowlearn.training.layout import Batching, step_tensors
-from flowlearn.training.live_policy import live_policy, warn_no_rows
-from flowlearn.training.metrics import FlowMetricsCallback, flow_metrics
-from flowlearn.training.micro import chunked_loss, next_piece
-from flowlearn.training.model_setup import (
+from flowlearn.training.model import (
     frozen_reference,
     install_reference,
+    recompute_old_logps,
     reference_kept_from_trl,
+    reference_logps,
     upcast_trainable,
     warn_on_dropout,
 )
 from flowlearn.training.rollouts import (
     ROLLOUT_CONCURRENCY,
     Replay,
+    RewardTerm,
     Rollouts,
     agentflow_factory,
     cases_dataset,
     sampled_cases,
     unused_reward,
 )
-from flowlearn.training.server_generation import ServerGeneration
-from flowlearn.training.store import TrajectoryStore
-from flowlearn.training.trajectory import Trajectory
-from flowlearn.training.trl_vllm import VLLMFactory, VLLMRollouts, attach_vllm, vllm_kept_from_trl
-from flowlearn.training.weights import check_mode
+from flowlearn.training.rows import Mode, Scale, StepCredit, build_flow_grpo_rows, check_mode
+from flowlearn.training.trajectories import DROPPED, Trajectory, TrajectoryStore
+from flowlearn.training.vllm.lora_server import ServerGeneration
+from flowlearn.training.vllm.trl_engine import (
+    VLLMFactory,
+    VLLMRollouts,
+    attach_vllm,
+    vllm_kept_from_trl,
+)
 
 __all__ = ["FlowGRPOTrainer", "cases_dataset", "unused_reward"]
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "reward_curve.png"
+
+FLOW_STATS = (
+    "mean_reward",
+    "zero_variance_share",
+    "rows",
+    "tokens",
+    "mean_turns",
+    "rows_cut",
+    "rows_dropped",
+    "trajectories_dropped",
+)
+"""The `build_flow_grpo_rows` stats logged as `flow/<name>`.
+
+`rows_cut`: completions cut to max_completion_length. `rows_dropped`: turns not trained on
+(prompt too long, a zero-variance group dropped, a policy call without token ids).
+`trajectories_dropped`: rollouts with no row trained on (those, or a dropped reward error).
+"""
 
 
 class FlowGRPOTrainer(GRPOTrainer):
@@ -101,7 +137,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             recompute_old_logprobs: take the old logprobs from a no-grad training forward
                 instead of the logged ones (verl's way); None: `args.recompute_old_logprobs`
                 (a `FlowGRPOConfig`), else off.
-            vllm: under `args.use_vllm`, builds the engine (`trl_vllm`); None: TRL's own.
+            vllm: under `args.use_vllm`, builds the engine (`vllm.trl_engine`); None: TRL's own.
             **kwargs: passed to `GRPOTrainer` (e.g. `processing_class`, `callbacks`).
 
         Raises:
@@ -266,7 +302,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         if not batch.rows:
             warn_no_rows(self.state.global_step, len(trajectories))
         tokenizer: Any = self.processing_class
-        output = step_tensors(  # global weights, pieces, padding: `training/layout.py`
+        output = step_tensors(  # global weights, pieces, padding: `batches.step_tensors`
             batch.rows,
             self.mode,
             Batching.of(self.args, self.accelerator.num_processes),
@@ -290,7 +326,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         return next_piece(self, generation_batch)  # TRL's, minus its shuffle: the layout's order
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        """TRL's loss in chunks of rows (`micro.chunked_loss`); an empty update is skipped."""
+        """TRL's loss in chunks of rows (`batches.chunked_loss`); an empty update is skipped."""
         return chunked_loss(self, model, inputs, partial(super().compute_loss, model))
 
     def _reference_logps(self, tensors: dict[str, Any]) -> Any:
@@ -298,3 +334,137 @@ class FlowGRPOTrainer(GRPOTrainer):
         if self.recompute_old_logprobs:  # before any update of this batch, as verl does
             (self.vllm.recompute_old_logps if self.vllm else recompute_old_logps)(self, tensors)
         return reference_logps(self, tensors) if self.beta != 0.0 else None
+
+
+def live_policy(trainer: Any, model: Any) -> Policy:
+    """Return the step's planner: the live model, versioned `output_dir@step`.
+
+    It samples locally on the trainer's handle (shared with the frozen base), on a vLLM server
+    under this step's LoRA adapter (`trainer.server`), or on TRL's vLLM engine
+    (`trainer.vllm`).
+    """
+    if trainer.model_handle is None or trainer.model_handle.model is not model:
+        trainer.model_handle = ModelHandle(model, trainer.processing_class)
+    version = f"{trainer.args.output_dir}@{trainer.state.global_step}"
+    if trainer.server is not None:  # on the server, under this step's adapter
+        return trainer.server.live_policy(trainer, model)  # type: ignore[no-any-return]
+    if trainer.vllm is not None:  # TRL's vLLM engine, weights synced each step
+        return trainer.vllm.policy(trainer, version)  # type: ignore[no-any-return]
+    return HFPolicy.on(trainer.model_handle, version=version)
+
+
+def warn_no_rows(step: int, rollouts: int) -> None:
+    """Say that this process has no rows this step (the update is skipped if no process has)."""
+    logger.warning(
+        "step %d: this process has no rows to train on (%d rollouts, all dropped or "
+        "without policy turns); an update no process has rows for is skipped",
+        step,
+        rollouts,
+    )
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Return the records of a metrics JSONL, skipping a torn line with a warning."""
+    return [r for r in JsonlFile(path).records() if isinstance(r, dict)]
+
+
+def plot_reward_curve(records: list[dict[str, Any]], path: str | Path) -> Path | None:
+    """Draw mean reward (and format-error rate) per step into a PNG; None without data."""
+    points = [(r["step"], r["flow/mean_reward"]) for r in records if "flow/mean_reward" in r]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.plot(*zip(*points, strict=True), marker="o", label="mean reward")
+    key = "flow/format_error_rate"
+    errors = [(r["step"], r[key]) for r in records if key in r]
+    if errors:
+        axis.plot(*zip(*errors, strict=True), linestyle="--", label="format-error rate")
+    axis.set_xlabel("step")
+    axis.set_ylim(-0.05, 1.05)
+    axis.set_title("Flow-GRPO rollouts")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    try:
+        return write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(figure)
+
+
+def flow_metrics(
+    trajectories: list[Trajectory], stats: dict[str, Any], seconds: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Return one step's `flow/*` metrics and the mean reward of each of its groups."""
+    values = {f"flow/{key}": float(stats[key]) for key in FLOW_STATS}
+    turns = [
+        t
+        for trajectory in trajectories
+        for t in trajectory.transitions
+        if t.get("completion_ids") is not None
+    ]
+    bad = sum(t["parse_status"] != "ok" for t in turns)
+    values["flow/format_error_rate"] = bad / len(turns) if turns else 0.0
+    values["flow/completion_length"] = (
+        sum(len(t.get("completion_ids") or []) for t in turns) / len(turns) if turns else 0.0
+    )
+    values["flow/rollout_seconds"] = seconds
+    values["flow/reward_errors"] = float(sum(t.reward_error is not None for t in trajectories))
+    groups: dict[str, list[float]] = {}
+    for trajectory in trajectories:
+        if trajectory.metadata.get(DROPPED):  # its reward of 0 was never trained on
+            continue
+        groups.setdefault(trajectory.group_id, []).append(trajectory.total_reward)
+    return values, {g: sum(r) / len(r) for g, r in groups.items()}
+
+
+class FlowMetricsCallback(TrainerCallback):
+    """Write the metrics JSONL and reward curve of a `FlowGRPOTrainer` run."""
+
+    def __init__(self, trainer: Any) -> None:
+        """Attach to `trainer`, whose last rollout timing and group rewards it reads."""
+        self.trainer = trainer
+        self.file = JsonlFile(Path(trainer.args.output_dir) / METRICS_FILE)
+        self.path = self.file.path
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Create the file, or cut it back to the step training resumes from."""
+        if not state.is_world_process_zero:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= state.global_step]
+            self.file.rewrite(kept, default=float)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Record how long the update took after this step's rollouts."""
+        ended = getattr(self.trainer, "rollout_ended", None)
+        if ended is not None:
+            metrics = self.trainer._metrics["train"]
+            metrics["flow/update_seconds"].append(time.perf_counter() - ended)
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        """Append this step's metrics and group rewards as one JSON line."""
+        if not state.is_world_process_zero or not logs or "flow/mean_reward" not in logs:
+            return
+        record = {"step": state.global_step, **logs}
+        record["group_rewards"] = dict(getattr(self.trainer, "group_rewards", {}))
+        self.file.append(record, default=float)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Redraw the reward curve beside the checkpoints."""
+        self._plot(state)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Draw the final reward curve."""
+        self._plot(state)
+
+    def _plot(self, state: Any) -> None:
+        if state.is_world_process_zero and self.path.exists():
+            plot_reward_curve(read_metrics(self.path), self.path.parent / CURVE_FILE)

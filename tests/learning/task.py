@@ -21,8 +21,8 @@ from langchain_core.messages import AIMessage
 
 from fakes import FakeChatModel
 from flowlearn.evals.cases import Case
-from flowlearn.training.collect import RewardTerm
-from flowlearn.training.trajectory import Trajectory
+from flowlearn.training.rollouts import RewardTerm
+from flowlearn.training.trajectories import Trajectory
 
 CAPITALS = {
     "France": "Paris",

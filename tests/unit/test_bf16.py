@@ -18,11 +18,10 @@ from trl import GRPOConfig
 
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.training.config import FlowGRPOConfig
-from flowlearn.training.forward import forward_logps
-from flowlearn.training.model_setup import upcast_trainable
+from flowlearn.training.model import forward_logps, upcast_trainable
 from flowlearn.training.rollouts import Replay
 from flowlearn.training.trainer import FlowGRPOTrainer
-from flowlearn.training.trajectory import Trajectory
+from flowlearn.training.trajectories import Trajectory
 
 
 def config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
@@ -163,7 +162,7 @@ def test_dropout_is_off_by_default_and_a_plain_config_keeping_it_is_warned(
     )
     assert model.model.dropout.p == 0
     kept = with_dropout()
-    with caplog.at_level(logging.WARNING, logger="flowlearn.training.model_setup"):
+    with caplog.at_level(logging.WARNING, logger="flowlearn.training.model"):
         FlowGRPOTrainer.offline(
             kept,
             args=config(tmp_path / "plain"),  # TRL's GRPOConfig: disable_dropout=False

@@ -9,8 +9,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from flowlearn.training.config import FlowGRPOConfig, parse_config
-from flowlearn.training.config_values import Range, describe
+from flowlearn.training.config import FlowGRPOConfig, Range, describe, parse_config
 
 
 def from_yaml(tmp_path: Path, line: str) -> FlowGRPOConfig:

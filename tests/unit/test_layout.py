@@ -10,14 +10,14 @@ import pytest
 
 ROOT = Path(__file__).parents[2]
 PACKAGE_DIRS = ("flowlearn", "graphs", "nodes", "training", "evals", "bench", "research")
-MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 80
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 100
 
 
 def sources(*dirs: str) -> list[Path]:
     return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py"))
 
 
-def test_no_file_over_300_lines_and_no_function_over_80() -> None:
+def test_no_module_over_600_lines_and_no_function_over_100() -> None:
     too_long = []
     for path in sources(*PACKAGE_DIRS):
         text = path.read_text(encoding="utf-8")

@@ -20,14 +20,14 @@ from peft import LoraConfig, get_peft_model
 from stand_in_server import Reply, stand_in_server
 from transformers import AutoModelForCausalLM
 
-from flowlearn.training.flow_grpo import FlowGRPORow
-from flowlearn.training.server_generation import (
+from flowlearn.training.batches import rows_to_tensors
+from flowlearn.training.rows import FlowGRPORow
+from flowlearn.training.vllm.correction import correct_stale_rows, importance_weights
+from flowlearn.training.vllm.lora_server import (
     AdapterError,
     AdapterServer,
     ServerGeneration,
 )
-from flowlearn.training.stale_rows import correct_stale_rows, importance_weights
-from flowlearn.training.tensors import rows_to_tensors
 
 
 def lora(model: Any) -> Any:

@@ -8,7 +8,7 @@ import pytest
 from provenance_setup import rollout, turn
 
 from flowlearn.training import StepCredit, build_flow_grpo_rows
-from flowlearn.training.provenance import DROPPED
+from flowlearn.training.trajectories import DROPPED
 
 EPS = 1e-6
 
@@ -43,7 +43,7 @@ def test_step_credit_is_keyed_by_position_when_two_nodes_share_a_turn() -> None:
 
 
 def test_cut_and_dropped_rows_are_counted() -> None:
-    from flowlearn.training.metrics import flow_metrics
+    from flowlearn.training.trainer import flow_metrics
 
     long_prompt = turn("b", 1, length=6)
     long_prompt["prompt_ids"] = list(range(50))

@@ -12,8 +12,8 @@ from provenance_setup import TRAINER, turn
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.training import TrajectoryStore, build_flow_grpo_rows, collect
-from flowlearn.training.provenance import DROPPED
 from flowlearn.training.rollouts import Rollouts
+from flowlearn.training.trajectories import DROPPED
 
 
 class CountingGraph:
@@ -73,7 +73,7 @@ def flow_config(out: Path, **overrides: Any) -> Any:
 
 def test_a_run_id_is_made_once_and_kept_on_resume(tmp_path: Path) -> None:
     pytest.importorskip("trl")
-    from flowlearn.training.run_record import RUN_FILE, check_run, open_run
+    from flowlearn.training.run import RUN_FILE, check_run, open_run
 
     out = tmp_path / "out"
     first = open_run(flow_config(out), resuming=False)
@@ -90,7 +90,7 @@ def test_a_fresh_run_beside_stored_rollouts_is_refused_and_nothing_deleted(
 ) -> None:
     pytest.importorskip("trl")
     from flowlearn.cli import main
-    from flowlearn.training.run_record import check_run, open_run
+    from flowlearn.training.run import check_run, open_run
 
     out = tmp_path / "out"
     run_id = open_run(flow_config(out), resuming=False)
@@ -106,8 +106,7 @@ def test_a_fresh_run_beside_stored_rollouts_is_refused_and_nothing_deleted(
 
 def test_resume_with_other_rollout_settings_is_refused(tmp_path: Path) -> None:
     pytest.importorskip("trl")
-    from flowlearn.training.run import resume_point
-    from flowlearn.training.run_record import check_run, open_run
+    from flowlearn.training.run import check_run, open_run, resume_point
 
     out = tmp_path / "out"
     run_id = open_run(flow_config(out, max_turns=2), resuming=False)

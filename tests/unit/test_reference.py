@@ -18,7 +18,7 @@ from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import add_fused_lm_head
 
 from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.training.forward import forward_logps
+from flowlearn.training.model import forward_logps
 from flowlearn.training.trainer import FlowGRPOTrainer
 
 

@@ -21,7 +21,7 @@ from flowlearn.nodes.policies.server import ServerError, ServerPolicy
 from flowlearn.nodes.retry import is_transient
 from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training import build_flow_grpo_rows
-from flowlearn.training.trajectory import trajectory_from_state
+from flowlearn.training.trajectories import trajectory_from_state
 
 MESSAGES = [{"role": "user", "content": "What is 17 * 23? Tool Name: python"}]
 

@@ -31,11 +31,11 @@ from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.policies.server import ServerPolicy
 from flowlearn.training import TrajectoryStore
 from flowlearn.training.config import FlowGRPOConfig, parse_config
-from flowlearn.training.server_generation import (
+from flowlearn.training.trainer import FlowGRPOTrainer
+from flowlearn.training.vllm.lora_server import (
     ServerGeneration,
     adapter_name,
 )
-from flowlearn.training.trainer import FlowGRPOTrainer
 
 
 def lora(model: Any) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flowlearn.nodes.files import save_atomically
-from flowlearn.training.checkpoints import last_complete_checkpoint
+from flowlearn.training.run import last_complete_checkpoint
 
 pytest.importorskip("trl")
 

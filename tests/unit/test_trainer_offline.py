@@ -18,7 +18,7 @@ from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training import build_flow_grpo_rows
 from flowlearn.training.trainer import FlowGRPOTrainer
-from flowlearn.training.trajectory import Trajectory, Transition
+from flowlearn.training.trajectories import Trajectory, Transition
 
 
 def perturbed_trajectories(policy: HFPolicy, seed: int) -> list[Trajectory]:

@@ -19,8 +19,7 @@ from fakes import FakeChatModel
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import exact_match
 from flowlearn.training import TrajectoryStore
-from flowlearn.training.metrics import read_metrics
-from flowlearn.training.trainer import FlowGRPOTrainer
+from flowlearn.training.trainer import FlowGRPOTrainer, read_metrics
 
 
 @tool

@@ -31,9 +31,8 @@ from flowlearn.nodes import Sampling, policy_transition
 from flowlearn.nodes.policies.hf import chat_prompt_ids
 from flowlearn.training import TrajectoryStore
 from flowlearn.training.config import FlowParser, parse_config
-from flowlearn.training.provenance import check_sampling
-from flowlearn.training.trl_vllm import PerRankServer
-from flowlearn.training.vllm_policy import VLLMPolicy
+from flowlearn.training.rows import check_sampling
+from flowlearn.training.vllm.trl_engine import PerRankServer, VLLMPolicy
 
 
 def loaded(folder: Path) -> tuple[Any, Any]:

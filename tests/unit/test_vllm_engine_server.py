@@ -157,7 +157,7 @@ def test_vllm_engine_server_training_one_server_serves_both_roles(
     tiny_model_dir: Path, tmp_path: Path, served: tuple[StandInLoraServer, str]
 ) -> None:
     pytest.importorskip("peft")
-    from flowlearn.training.server_generation import adapter_name
+    from flowlearn.training.vllm.lora_server import adapter_name
 
     stand_in, url = served
     start = len(stand_in.events)

@@ -1,4 +1,4 @@
-"""Importance correction of rows sampled by an older policy version than the weights trained.
+"""Importance correction of rows whose logprobs are not the trainer's forward's, as TRL does it.
 
 Why it looks like this:
 1. With the planner on a server, a row's `policy_version` names the adapter that sampled it;
@@ -17,6 +17,11 @@ Why it looks like this:
    waits for one without.
 5. Stale rows are counted in `flow/stale_rows` (every step), their mean weight in
    `flow/stale_is_ratio`; with the correction off they are counted and trained as sampled.
+6. On TRL's vLLM generation (`use_vllm`) every row needs it: vLLM samples with its own kernels,
+   so its logprobs differ from the training forward's. TRL's vLLM path takes the old logprobs
+   from the training forward and weighs each row's loss by the same ratio
+   (`vllm_importance_sampling_mode`); its loss multiplies by `importance_sampling_ratio`.
+   `importance_ratio` is that ratio over the flow's padded rows, with TRL's metric names.
 """
 
 from __future__ import annotations
@@ -27,12 +32,10 @@ from typing import Any
 
 import torch
 
-from flowlearn.training.flow_grpo import FlowGRPORow
-from flowlearn.training.forward import forward_logps
-from flowlearn.training.tensors import rows_to_tensors
-
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-"""TRL's `vllm_importance_sampling_mode` values."""
+from flowlearn.training.batches import rows_to_tensors
+from flowlearn.training.model import forward_logps
+from flowlearn.training.rows import FlowGRPORow
+from flowlearn.training.vllm.settings import IS_MODES
 
 
 def importance_weights(
@@ -116,3 +119,49 @@ def correct_stale_rows(trainer: Any, rows: Sequence[FlowGRPORow], current: str) 
     if weights:
         metrics["flow/stale_is_ratio"].append(sum(weights) / len(weights))
     return len(stale)
+
+
+def importance_ratio(trainer: Any, sampled: Any, recomputed: Any, mask: Any) -> Any:
+    """Return TRL's importance-sampling ratio of the training forward to vLLM's logprobs.
+
+    Each row's ratio is `importance_weights` (TRL's arithmetic, the one the stale rows of the
+    server path get), laid out per token; padding is 0.
+
+    Args:
+        trainer: the trainer, with TRL's `vllm_importance_sampling_*` attributes.
+        sampled: (rows, tokens) logprobs logged by vLLM when sampling.
+        recomputed: (rows, tokens) logprobs of the training forward, the old policy's.
+        mask: (rows, tokens) completion mask; padding rows are all zero.
+
+    Returns:
+        (rows, tokens), the factor of each token's policy loss.
+
+    """
+    mode = trainer.vllm_importance_sampling_mode
+    ratio = torch.zeros_like(recomputed, dtype=torch.float32)
+    for row, length in enumerate(mask.sum(-1).tolist()):
+        if length:
+            ratio[row, : int(length)] = importance_weights(
+                recomputed[row, : int(length)],
+                sampled[row, : int(length)],
+                mode,
+                trainer.vllm_importance_sampling_clip_min,
+                trainer.vllm_importance_sampling_clip_max,
+            )
+    log_ratio(trainer, ratio, mask, masking=mode.endswith("_mask"))
+    return ratio
+
+
+def log_ratio(trainer: Any, ratio: Any, mask: Any, *, masking: bool) -> None:
+    """Log the ratio's mean over all processes' completion tokens, and the masked share.
+
+    Collective (`gather`): every process calls it once per generation batch.
+    """
+    values = ratio[mask.bool()]
+    local = [float(values.sum()), float(values.numel()), float((values == 0).sum())]
+    table = torch.tensor(local, device=trainer.accelerator.device)
+    total, count, zeros = trainer.accelerator.gather(table).view(-1, 3).sum(0).tolist()
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    metrics["sampling/importance_sampling_ratio/mean"].append(total / count if count else 1.0)
+    if masking:
+        metrics["flow/importance_sampling_masked"].append(zeros / count if count else 0.0)

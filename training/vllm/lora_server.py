@@ -32,8 +32,8 @@ from typing import Any
 from flowlearn.nodes.files import save_atomically
 from flowlearn.nodes.policies.server import ServerPolicy
 from flowlearn.nodes.secrets import redact, remember, url_secrets
-from flowlearn.training.flow_grpo import FlowGRPORow
-from flowlearn.training.stale_rows import correct_stale_rows
+from flowlearn.training.rows import FlowGRPORow
+from flowlearn.training.vllm.correction import correct_stale_rows
 
 logger = logging.getLogger(__name__)
 
