@@ -54,9 +54,12 @@ def multiply(a: int, b: int) -> int:
 
 
 def main() -> None:
-    planner = FakeListChatModel(responses=["Sub-Goal: multiply 17 by 23\nTool Name: multiply"])
+    planner = FakeListChatModel(
+        responses=["Context: 17 and 23\nSub-Goal: multiply 17 by 23\nTool Name: multiply"]
+    )
     engine = FakeListChatModel(
         responses=[
+            "The question asks for a product of two integers.",  # query analysis
             '{"a": 17, "b": 23}',  # executor arguments, turn 1
             '{"a": 17, "b": 23}',  # executor arguments, turn 2
             "17 * 23 = 391. <answer>391</answer>",  # generator

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import runpy
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,16 @@ from langchain_core.tools import tool
 from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
-from flowlearn.graphs import Context, build_agentflow
+from flowlearn.graphs import Context
+from flowlearn.graphs import build_agentflow as _build_agentflow
 from flowlearn.nodes.retry import ENGINE_RETRY, is_transient
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.training import TrajectoryStore, collect
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+
+# these tests script the engine by the smollm2 preset's prompt wording
+build_agentflow = partial(_build_agentflow, prompts=SMOLLM2_PROMPTS)
 
 
 @tool
@@ -27,22 +33,35 @@ def lookup(query: str) -> str:
     return "Paris"
 
 
+AGENTFLOW_OPENINGS = {
+    "Analyze": "Task: Analyze",
+    "Call the tool": "Task: Generate the arguments",
+    "Judge whether": "Task: Evaluate if",
+    "Answer": "Task: Generate a concise final answer",
+}
+"""Each role's opening in the smollm2 preset's prompts, and in AgentFlow's."""
+
+
+def opens(prompt: str, role: str) -> bool:
+    return prompt.startswith((role, AGENTFLOW_OPENINGS[role]))
+
+
 class Flaky:
-    """Fail the first `failures` calls of the prompts starting with `prefix`, then answer."""
+    """Fail the first `failures` calls of the prompts opening as `prefix`, then answer."""
 
     def __init__(self, prefix: str, failures: int, error: Exception) -> None:
         self.prefix, self.failures, self.error, self.calls = prefix, failures, error, 0
 
     def __call__(self, messages: list[Any], tools: list[dict[str, Any]]) -> Any:
         prompt = str(messages[-1].content)
-        if prompt.startswith(self.prefix) and self.calls < self.failures:
+        if opens(prompt, self.prefix) and self.calls < self.failures:
             self.calls += 1
             raise self.error
         if tools:
             return AIMessage("", tool_calls=[{"name": "lookup", "args": {"query": "x"}, "id": "1"}])
-        if prompt.startswith("Judge whether"):
+        if opens(prompt, "Judge whether"):
             return "Conclusion: STOP"
-        return "<answer>Paris</answer>" if prompt.startswith("Answer") else "Analysis."
+        return "<answer>Paris</answer>" if opens(prompt, "Answer") else "Analysis."
 
 
 def flow(respond: Flaky) -> Any:

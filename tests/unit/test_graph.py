@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +11,14 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
-from flowlearn.graphs import Context, build_agentflow
+from flowlearn.graphs import Context
+from flowlearn.graphs import build_agentflow as _build_agentflow
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 
 SNAPSHOTS = Path(__file__).parent.parent / "snapshots"
+
+# these tests script the engine by the smollm2 preset's prompt wording
+build_agentflow = partial(_build_agentflow, prompts=SMOLLM2_PROMPTS)
 
 
 @tool

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,14 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
-from flowlearn.graphs import Context, build_agentflow
+from flowlearn.graphs import Context
+from flowlearn.graphs import build_agentflow as _build_agentflow
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 
 RUNS = 200
+
+# these tests script the engine by the smollm2 preset's prompt wording
+build_agentflow = partial(_build_agentflow, prompts=SMOLLM2_PROMPTS)
 
 
 @tool

@@ -52,18 +52,20 @@ def test_default_tools_add_local_search_for_a_corpus(
 ) -> None:
     engine = FakeChatModel()
     monkeypatch.delenv("FLOWLEARN_CORPUS", raising=False)
-    bundled = default_tools(engine)
+    assert [t.name for t in default_tools(engine)] == ["generalist", "python", "local_search"]
+    bundled = default_tools(engine, order=("local_search",))  # a prompt set's tool_order
     assert [t.name for t in bundled] == ["local_search", "generalist", "python"]
     assert bundled[0].invoke({"query": "capital of Kenya"}).startswith("[1] (id: cap-")
     assert "Nairobi" in bundled[0].invoke({"query": "capital of Kenya"}).split("\n\n")[0]
-    assert "(id: d1) Paris" in default_tools(engine, corpus=str(corpus))[0].invoke(
+    assert "(id: d1) Paris" in default_tools(engine, corpus=str(corpus))[-1].invoke(
         {"query": "capital of France"}
     )
     monkeypatch.setenv("FLOWLEARN_CORPUS", str(corpus))
     monkeypatch.setenv("FLOWLEARN_WEB_TOOLS", "1")
     monkeypatch.setenv("TAVILY_API_KEY", "tvly-test")
-    assert [t.name for t in default_tools(engine)] == ["local_search", "generalist", "python"]
+    assert [t.name for t in default_tools(engine)] == ["generalist", "python", "local_search"]
     spec = FlowSpec.from_env()  # only the composition root reads the environment
     assert spec.corpus == str(corpus) and spec.web
-    assert "(id: d1) Paris" in build_tools(spec, engine)[0].invoke({"query": "capital of France"})
+    search = {t.name: t for t in build_tools(spec, engine)}["local_search"]
+    assert "(id: d1) Paris" in search.invoke({"query": "capital of France"})
     assert FlowSpec.from_env(corpus="x.jsonl", web=False).corpus == "x.jsonl"

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,13 @@ from flowlearn.evals.cases import Case
 from flowlearn.evals.harness import run_eval
 from flowlearn.evals.runner import run_resumable
 from flowlearn.evals.scorers import SCORERS, judge_scorer
-from flowlearn.graphs import Context, build_agentflow
+from flowlearn.graphs import Context
+from flowlearn.graphs import build_agentflow as _build_agentflow
 from flowlearn.nodes import secrets
 from flowlearn.nodes.policies.server import ServerPolicy
 from flowlearn.nodes.retry import TransientEngineError, engine_error, with_retries
 from flowlearn.nodes.secrets import REDACTED, redact, remember
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import web_search_tool
 from flowlearn.training import TrajectoryStore, collect
 
@@ -36,6 +39,9 @@ SECRETS = {
     "HF_TOKEN": "hf_FAKE_SECRET_5e6f70",
     "ANTHROPIC_API_KEY": "sk-ant-FAKE-SECRET-0011",
 }
+
+# these tests script the engine by the smollm2 preset's prompt wording
+build_agentflow = partial(_build_agentflow, prompts=SMOLLM2_PROMPTS)
 
 
 def flowlearn(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -42,7 +42,7 @@ def test_yaml_and_flags_fill_trls_own_fields(tmp_path: Path) -> None:
     context = config.context()  # the planner samples with TRL's settings
     assert (context.planner_temperature, context.planner_max_new_tokens) == (0.5, 64)
     assert context.tools == ("python", "local_search") and context.max_turns == 3
-    assert context.query_analysis is False  # the flow's default
+    assert context.query_analysis is None  # the prompt set's choice
     with_analysis = parse_config(["--config", str(tmp_path / "c.yaml"), "--query_analysis"])
     assert with_analysis.context().query_analysis is True  # a bare flag, as a YAML `true`
     (tmp_path / "bad.yaml").write_text("benchmark: gameof24\nquery_analysis: maybe\n")
