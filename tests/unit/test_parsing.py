@@ -128,7 +128,9 @@ def test_the_prefilled_label_is_added_only_when_the_policy_did_not_write_one() -
     continued = " python\nJustification: j\nContext: c\nSub-Goal: add the numbers\n"
     assert with_reply_prefix(continued, "Tool Name:") == "Tool Name:" + continued
     assert parse_planner_output(with_reply_prefix(continued, "Tool Name:")).tool_name == "python"
-    assert plan_complete(continued, "Tool Name:") and not plan_complete(continued.rstrip("\n"), "Tool Name:")
+    assert plan_complete(continued, "Tool Name:") and not plan_complete(
+        continued.rstrip("\n"), "Tool Name:"
+    )
     # A planner that writes its own labels, in AgentFlow's order, is taken as it is.
     for own in (PLAIN, "**Justification:** j\n**Tool Name:** python", '{"tool_name": "python"}'):
         assert with_reply_prefix(own, "Tool Name:") == own
