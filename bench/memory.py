@@ -123,9 +123,9 @@ def micro(args: argparse.Namespace) -> None:
 def run_arm(arm: str, args: argparse.Namespace) -> int:
     """Run one arm in this process and return its peak RSS in MiB."""
     if arm == "online":
+        from flowlearn.compose import build_training_parts
         from flowlearn.training.config import parse_config
         from flowlearn.training.run import train
-        from flowlearn.training_parts import build_training_parts
 
         examples = HERE.parent / "examples"
         flags = ["--config", str(examples / "train.yaml"), "--max_turns", "1"]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import ast
 from fractions import Fraction
 
+from flowlearn.errors import FlowlearnError
+
 _SYMBOLS = str.maketrans({"×": "*", "÷": "/", "x": "*", "X": "*", "−": "-", "–": "-", "·": "*"})
 _MAX_CHARS = 200
 
 
-class ExpressionError(ValueError):
+class ExpressionError(FlowlearnError, ValueError):
     """The text is not a plain arithmetic expression over numbers with + - * / and brackets."""
 
 

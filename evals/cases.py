@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.nodes.prompts import ANSWER_INSTRUCTION as ANSWER_INSTRUCTION
-from flowlearn.nodes.secrets import error_text
+from flowlearn.secrets import error_text
 
 
 @dataclass(frozen=True)

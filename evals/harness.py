@@ -11,8 +11,8 @@ from typing import Any
 from flowlearn.evals.cases import Case
 from flowlearn.evals.runner import run_resumable
 from flowlearn.evals.scorers import CaseScorer, Score
-from flowlearn.nodes.files import JsonlFile
-from flowlearn.nodes.secrets import error_text
+from flowlearn.files import JsonlFile
+from flowlearn.secrets import error_text
 
 
 @dataclass
@@ -137,7 +137,7 @@ def run_case(
 
     `keep`, when given, is called with the case, its final state and its score.
 
-    The error is recorded with known secrets redacted (`flowlearn.nodes.secrets`).
+    The error is recorded with known secrets redacted (`flowlearn.secrets`).
     """
     start = time.perf_counter()
     try:

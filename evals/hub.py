@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowlearn.evals.cases import Case, unique_ids, with_answer_instruction
-from flowlearn.nodes.secrets import error_text
+from flowlearn.secrets import error_text
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.evals.harness import CaseResult
-from flowlearn.nodes.files import write_atomically, write_text_atomically
+from flowlearn.files import write_atomically, write_text_atomically
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Container, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TypeVar
 
-from flowlearn.nodes.secrets import error_text
+from flowlearn.secrets import error_text
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowlearn.evals.arithmetic import ExpressionError, evaluate, numbers_used, parse_expression
 from flowlearn.evals.cases import Case, _literal
-from flowlearn.nodes.secrets import error_text
+from flowlearn.secrets import error_text
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -46,7 +46,7 @@ def normalize_answer(text: str) -> str:
 
     One departure: a number keeps its minus sign and decimal point. SQuAD's rule drops them, so
     "1266" matched a reference of "-1266" and "35" one of "3.5" (the tool task's differences go
-    negative: the embedded engine's unsigned answer scored right in session 19's eval).
+    negative: the embedded engine's unsigned answers scored right).
     Thousands separators and a sentence's closing period still go ("1,000." is "1000").
     """
     text = str(text).lower()

@@ -31,7 +31,7 @@ TRAIN_MIX_FILE = TASK_DIR / "train_lookup_heavy.jsonl"
 """The training cases in the CPU recipe's order: two lookups, then one arithmetic question, the
 arithmetic left over at the end. The untrained planner already answers arithmetic with python
 (20 of 24 held-out right), and with one lookup per arithmetic question its training rounds
-drifted onto python for every question (runs 5 to 8, `bench/results/learn_tools_runs.txt`)."""
+drifted onto python for every question (`research/default-planner/`)."""
 
 ARITHMETIC = [
     ("{a} * {b}", "What is {a} * {b}?"),
@@ -65,7 +65,7 @@ ALSO_RIGHT = {"river": "{answer} Sea"}
 """A second acceptable answer per relation, where the passage's own words give one: asked "Into
 which sea does the Kila River flow?", "the Gaboupol Sea" is as right as "Gaboupol". The embedded
 SmolLM2 generator, shown the river's passage, wrote "<name> Sea" for 9 of the 12 river lookups
-of train and held-out in one measurement (session 14), all scored wrong before. A lookup's
+of train and held-out, all scored wrong before. A lookup's
 `answer` is then a list, its first item the bare name (`first_answer`)."""
 
 ENTITY_FORMS = {

@@ -1,12 +1,11 @@
 """Training questions in more relations and phrasings than the tool-use task's held-out set.
 
-The shipped planner (run 12) trained on the task's six relations and eight arithmetic phrasings.
-On a set of seven other relations and four other phrasings (`bench/outside_set.py --relations
-dev`), at `flowlearn eval`'s defaults then (T=0.7, with the query analysis), it sent 8 of 21
-lookups to python ("What is the official language of Taidaia?") and 3 of 21 arithmetic
-questions to local_search ("Add 29140 to 715."): first tool right 66.7% against the untrained
-planner's 50.0% (session 21, bench/results/eval_defaults_dev_s21.md). Its choice followed the
-phrasings it was trained on, not what a question needs. This split trains on eight relations
+A planner trained on the task's six relations and eight arithmetic phrasings alone, tested on
+seven other relations and four other phrasings (sampled at T=0.7, with the query analysis),
+sent 8 of 21 lookups to python ("What is the official language of Taidaia?") and 3 of 21
+arithmetic questions to local_search ("Add 29140 to 715."): first tool right 66.7% against the
+untrained planner's 50.0% (`research/default-planner/`). Its choice followed the phrasings it
+was trained on, not what a question needs. This split trains on eight relations
 and eight phrasings that appear in no evaluation set (the task's held-out set, the outside set,
 the dev set), alternating with the task's own, so a planner trained on it can be tested on all
 three.
@@ -67,11 +66,10 @@ FACTS = [
 ]  # fmt: skip
 
 ANSWERED_FIRST = (1, 2, 3, 4, 6, 5, 0, 7)
-"""`FACTS` by how often the untrained generator answers them given their passage (session 21,
-`bench/results/generator_examples.txt`): stadium, theorem, festival, dam, bridge 3 of 3, party
-leader 2 of 3, main export and anthem 2 of 6 (their answers are invented words it garbles). Run
-13 opened with a main export and no lookup group of its 8 rounds was ever rewarded; runs 14 and
-15 (`bench/learn_tools_warm.yaml`) trained on this order."""
+"""`FACTS` by how often the untrained embedded generator answers them given their passage:
+stadium, theorem, festival, dam, bridge 3 of 3, party leader 2 of 3, main export and anthem 2
+of 6 (their answers are invented words it garbles). A training run that opened with a main
+export never rewarded a lookup group in 8 rounds; this order starts with the answerable ones."""
 
 
 def used_names() -> set[str]:

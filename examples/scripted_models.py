@@ -1,6 +1,6 @@
 """Scripted stand-in models so the examples run anywhere, instantly, with no weights.
 
-Swap in `load_local_models()` (or any LangChain chat model) for real use.
+Swap in `flowlearn.compose.load_local_models()` (or any LangChain chat model) for real use.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from flowlearn import collect_command, eval_command, run_command, train_command
-from flowlearn.flow_setup import UsageError
-from flowlearn.nodes.secrets import redact
+from flowlearn.errors import FlowlearnError, UsageError
+from flowlearn.secrets import redact
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status (2 for bad options)."""
+    """Run the command line; return the exit status (2 for bad options, 1 for other errors)."""
     args = build_parser().parse_args(argv)
     handlers = {
         "run": run_command.run_command,
@@ -35,6 +35,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         return handlers[args.command](args)
-    except UsageError as exc:
+    except FlowlearnError as exc:  # a message that says what to fix, not a traceback
         print(f"flowlearn {args.command}: error: {redact(str(exc))}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, UsageError) else 1

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.compose import build_flow
+from flowlearn.errors import UsageError
 from flowlearn.eval_command import cases_and_scorer
 from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.scorers import SCORERS
-from flowlearn.flow_setup import UsageError, add_flow_options, context_from_args, spec_from_args
+from flowlearn.flow_setup import add_flow_options, context_from_args, spec_from_args
 from flowlearn.nodes.schema import token_faithful
 from flowlearn.training.rollouts import collect, format_penalty
 from flowlearn.training.trajectories import TrajectoryStore
@@ -48,7 +49,8 @@ def add_parser(commands: Any) -> None:
         default=0.0,
         help="subtract this times the share of unparseable planner turns",
     )
-    add_flow_options(parser, max_turns=3)
+    # rollouts to train on need variety: sampled, not greedy as a run (the paper's 3 turns)
+    add_flow_options(parser, max_turns=3, temperature=0.7)
 
 
 def collect_command(args: argparse.Namespace) -> int:

@@ -1,9 +1,11 @@
-"""The composition root: names (flags, YAML, environment, Studio) in, policy, engine, tools out.
+"""The composition root: names (flags, YAML, environment, Studio) in, models, tools, graphs out.
 
 It is the one module that reads `FLOWLEARN_*` environment variables, and it checks every name
 (tools, models, benchmark, corpus) before any model loads, so a typo fails in a second with a
 message that says what to fix, not as every rollout failing. The CLI, the Studio graph and
-training all build their parts here.
+training all build their parts here: local models, models on an OpenAI-compatible server
+(vLLM), the tools, the prompt set and the graph, and a training job's parts. Training's modules
+load torch and TRL, so they are imported only by the functions that build a training job.
 """
 
 from __future__ import annotations
@@ -12,30 +14,42 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
 
+from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS
-from flowlearn.graphs import Context, InputState, State, build_agentflow
+from flowlearn.graphs import InputState, State, build_agentflow
 from flowlearn.nodes.policies import (
     BASE_SOURCE,
     DEFAULT_SOURCES,
+    BatchingPolicy,
+    FrozenBasePolicy,
     HFChatModel,
     HFPolicy,
+    ModelHandle,
     ModelNotFoundError,
     Policy,
-    load_local_models,
+    ServerChatModel,
+    ServerPolicy,
+    load_model_and_tokenizer,
+    untrained_twin,
 )
-from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, runs_analysis
+from flowlearn.nodes.policies.loading import parameter_count, pick_device_and_dtype
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Budgets, Prompts, runs_analysis
+from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, Isolation, default_tools
 from flowlearn.nodes.tools.python_sandbox import ISOLATIONS
 from flowlearn.nodes.tools.web_search import KEY_ENV as TAVILY_KEY_ENV
-from flowlearn.served_models import ServedNameError, server_engine, server_planner
+
+if TYPE_CHECKING:
+    from flowlearn.training.config import FlowGRPOConfig
+    from flowlearn.training.run import TrainingParts
 
 ENV = {
     "planner": "FLOWLEARN_PLANNER",
@@ -56,10 +70,6 @@ _TRUE = {"1", "true", "yes"}
 
 PROMPT_SETS: dict[str, Prompts] = {"agentflow": AGENTFLOW_PROMPTS, "smollm2": SMOLLM2_PROMPTS}
 """The prompt sets a flow can be built with, by name: AgentFlow's, and the embedded model's."""
-
-
-class UsageError(ValueError):
-    """A bad name or option value; the CLI prints it and exits with status 2."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,15 +305,12 @@ def load_parts(spec: FlowSpec, prompts: Prompts | None = None) -> tuple[Policy, 
     engine: HFChatModel | None = None
     budget = (prompts or spec.prompt_set()).budgets.engine
     if spec.engine_url is not None:
-        try:
-            engine = server_engine(
-                spec.engine_url,
-                spec.engine,
-                fixed_max_new_tokens=spec.engine_max_new_tokens,
-                max_new_tokens=budget,
-            )
-        except ServedNameError as exc:
-            raise UsageError(str(exc)) from exc
+        engine = server_engine(
+            spec.engine_url,
+            spec.engine,
+            fixed_max_new_tokens=spec.engine_max_new_tokens,
+            max_new_tokens=budget,
+        )
         if spec.planner_url is not None:
             return server_planner(spec.planner_url, spec.planner), engine
     local = (spec.engine or BASE_SOURCE) if spec.planner_url else spec.planner
@@ -337,3 +344,247 @@ def load_chat_model(name: str, spec: FlowSpec, *, max_new_tokens: int = 256) -> 
     except ModelNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     return HFChatModel(policy=policy, max_new_tokens=max_new_tokens)
+
+
+# Local models ------------------------------------------------------------------------------
+
+
+@dataclass
+class LocalModels:
+    """The planner policy and the fixed engine; one backend when both name the same model."""
+
+    planner: HFPolicy | BatchingPolicy
+    engine: HFChatModel
+
+
+def load_local_models(
+    planner: str = "default",
+    engine: str | None = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    engine_max_new_tokens: int | None = None,
+    engine_budget: int = Budgets().engine,
+    batch_size: int = 1,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> LocalModels:
+    """Load the planner and the engine by name.
+
+    Args:
+        planner: "default" (the embedded SmolLM2-135M-Instruct), a hub id, a folder or a .gguf.
+        engine: the engine's model; None: the planner's (for the default planner, the embedded
+            model without its trained adapter: `default-base`). When both name the same source
+            they share one model in memory.
+        device: "cpu", "cuda", ...; None picks CUDA when available.
+        dtype: a torch dtype name; None picks bf16 on CUDA and fp32 on CPU.
+        engine_max_new_tokens: the engine's token budget for every call; None: each role's
+            own (`Prompts.budgets`: the executor's, verifier's, generator's, ...).
+        engine_budget: the budget of an engine call that names none (the tools' calls).
+        batch_size: above 1, concurrent calls (from concurrent rollouts or eval cases) are
+            decoded together by a `BatchingPolicy` of that size.
+        cache_dir: where the converted default model is kept (see `loading.cache_dir`).
+
+    """
+    engine_source = engine or untrained_twin(planner)  # the default engine is never trained
+
+    def load(source: str) -> HFPolicy:
+        return HFPolicy.from_pretrained(source, device=device, dtype=dtype, cache_dir=cache_dir)
+
+    policy = load(planner)
+    backend = policy if engine_source == planner else load(engine_source)
+    planner_policy: HFPolicy | BatchingPolicy = policy
+    engine_policy: HFPolicy | BatchingPolicy = backend
+    if batch_size > 1:
+        planner_policy = BatchingPolicy(policy, max_batch_size=batch_size)
+        shared = backend is policy
+        engine_policy = (
+            planner_policy if shared else BatchingPolicy(backend, max_batch_size=batch_size)
+        )
+    return LocalModels(
+        planner=planner_policy,
+        engine=HFChatModel(
+            policy=engine_policy,
+            max_new_tokens=engine_budget,
+            fixed_max_new_tokens=engine_max_new_tokens,
+        ),
+    )
+
+
+# Models on a server (vLLM) -------------------------------------------------------------------
+
+
+class ServedNameError(UsageError):
+    """A served model whose name cannot be used here; the message says what to give."""
+
+
+def served_tokenizer(name: str) -> Any:
+    """Load the tokenizer of the served model `name`, or return None when none loads here."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError):
+        return None
+
+
+def server_planner(url: str, model: str) -> ServerPolicy:
+    """Return the planner on the server at `url`, serving `model`.
+
+    When the model's tokenizer loads here, the chat template is applied here and prompts go to
+    the server as token ids; otherwise the server renders them. Either way the transitions
+    carry the ids the server returns.
+    """
+    return ServerPolicy(url, model, tokenizer=served_tokenizer(model))
+
+
+def server_engine(
+    url: str,
+    model: str | None,
+    *,
+    fixed_max_new_tokens: int | None = None,
+    max_new_tokens: int = Budgets().engine,
+) -> ServerChatModel:
+    """Return the fixed engine on the server at `url`, serving `model`.
+
+    Raises:
+        ServedNameError: no model named, or one whose tokenizer does not load here.
+
+    """
+    if not model or model in {"default", "base"}:
+        raise ServedNameError(
+            f"--engine-url needs --engine: the name the server at {url} serves the engine "
+            f"model under (got {model!r}); serve a local folder (vllm serve /models/X) and "
+            "give that path, so its tokenizer loads here too"
+        )
+    tokenizer = served_tokenizer(model)
+    if tokenizer is None:
+        raise ServedNameError(
+            f"the engine {model!r} on {url}: its tokenizer does not load here, and the engine's "
+            "prompts are rendered here (its chat template, the tool-call prefill); serve the "
+            "model from a local folder and name that folder with --engine"
+        )
+    policy = ServerPolicy(url, model, tokenizer=tokenizer)
+    return ServerChatModel(
+        policy=policy, max_new_tokens=max_new_tokens, fixed_max_new_tokens=fixed_max_new_tokens
+    )
+
+
+# A training job's parts ------------------------------------------------------------------------
+
+
+def training_spec(config: FlowGRPOConfig) -> FlowSpec:
+    """Name the job's planner, engine and tools from the config alone (plus cache folders)."""
+    env = FlowSpec.from_env()
+    return FlowSpec(
+        planner=config.planner or "default",
+        engine=None if config.engine == "base" else config.engine,
+        engine_max_new_tokens=config.engine_max_new_tokens,
+        corpus=config.corpus,
+        prompts=config.prompts,
+        cache_dir=env.cache_dir,
+        benchmarks_dir=env.benchmarks_dir,
+    )
+
+
+def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
+    """Check every name, then load the planner (LoRA-wrapped when asked), engine, tools, data.
+
+    LoRA wraps the planner here, so the frozen base can serve as the engine (`engine: base`);
+    TRL then sees a PeftModel.
+
+    Raises:
+        UsageError: a bad name, or a model that cannot be found, with how to fix it.
+
+    """
+    from flowlearn.training.run import TrainingParts, cases_and_scorer
+    from flowlearn.training.vllm.settings import require_vllm
+
+    spec = training_spec(config)
+    check_names(spec, tools=config.tools, benchmark=config.benchmark, data=config.data)
+    try:
+        require_vllm(config)  # use_vllm: vLLM is there, before any model loads
+        data = None if config.trajectories else cases_and_scorer(config, spec.benchmarks_dir)
+        device = "cpu" if config.use_cpu else None  # None: CUDA when available
+        model, tokenizer, lora = load_planner(config, spec, device)
+    except (ValueError, ModelNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
+    if lora:
+        model = with_lora(model, config)
+    handle = ModelHandle(model, tokenizer)  # the live planner and the frozen base share its lock
+    parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
+    if data is None:
+        return parts
+    parts.prompts = spec.prompt_set()
+    parts.engine = training_engine(config, spec, handle, device)
+    parts.tools = build_tools(spec, parts.engine, parts.prompts)
+    parts.cases, parts.scorer = data
+    return parts
+
+
+def training_engine(
+    config: FlowGRPOConfig, spec: FlowSpec, handle: ModelHandle, device: str | None
+) -> HFChatModel:
+    """Return the rollouts' fixed engine: on `engine_url`, the frozen base, or its own model.
+
+    Raises:
+        UsageError: a served engine whose tokenizer does not load here.
+
+    """
+    if config.engine_url is not None:  # the server batches the concurrent rollouts' calls
+        return server_engine(
+            config.engine_url,
+            config.engine,
+            fixed_max_new_tokens=config.engine_max_new_tokens,
+            max_new_tokens=spec.prompt_set().budgets.engine,
+        )
+    from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
+
+    if config.engine == "base":
+        backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
+    else:
+        backend = HFPolicy.from_pretrained(
+            spec.engine or untrained_twin(spec.planner), device=device, cache_dir=spec.cache_dir
+        )
+    return HFChatModel(
+        # the rollouts' engine calls are concurrent too: decoded together, not one by one
+        policy=BatchingPolicy(backend, max_batch_size=ROLLOUT_CONCURRENCY),
+        max_new_tokens=spec.prompt_set().budgets.engine,
+        fixed_max_new_tokens=config.engine_max_new_tokens,
+    )
+
+
+def load_planner(
+    config: FlowGRPOConfig, spec: FlowSpec, device: str | None
+) -> tuple[Any, Any, bool]:
+    """Load the planner in the precision its training wants; return it, its tokenizer, `lora`.
+
+    Full fine-tuning loads fp32: the master weights come straight from the checkpoint, and
+    `bf16` makes the compute bf16 under autocast. Under LoRA the frozen base loads as for
+    inference (bf16 on CUDA) and PEFT keeps the adapter fp32. `lora` unset means on above 1B
+    parameters, counted from the config before loading; a GGUF file (whose header costs
+    about as much to read as a load) loads fp32 first and, under LoRA, casts its base down.
+    """
+    lora = config.lora
+    if lora is None and not str(spec.planner).endswith(".gguf"):
+        lora = parameter_count(spec.planner, spec.cache_dir) > 1e9
+    model, tokenizer = load_model_and_tokenizer(
+        spec.planner, device=device, dtype=None if lora else "float32", cache_dir=spec.cache_dir
+    )
+    if lora is None:
+        lora = model.num_parameters() > 1e9
+        if lora:
+            model.to(pick_device_and_dtype(device, None)[1])
+    return model, tokenizer, bool(lora)
+
+
+def with_lora(model: Any, config: FlowGRPOConfig) -> Any:
+    """Wrap `model` in a LoRA adapter on all linear layers (peft)."""
+    from peft import LoraConfig, get_peft_model
+
+    adapter = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, adapter)

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.compose import FlowSpec, build_flow, load_chat_model
+from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
 from flowlearn.evals.cases import Case
 from flowlearn.evals.harness import run_eval
 from flowlearn.evals.reports import write_reports
 from flowlearn.evals.scorers import SCORERS, CaseScorer
 from flowlearn.evals.tasks import load_cases_and_scorer
-from flowlearn.flow_setup import UsageError, add_flow_options, context_from_args, spec_from_args
+from flowlearn.flow_setup import add_flow_options, context_from_args, spec_from_args
 
 
 def add_parser(commands: Any) -> None:
@@ -43,7 +44,7 @@ def add_parser(commands: Any) -> None:
     # Greedy unless asked: the same planner on the same cases scores the same (sampled at
     # T=0.7, as AgentFlow's test/solve.py does, the shipped planner scored 68.8-75.0% on the
     # 48 held-out cases over four runs, README "Evaluating"); `--temperature 0.7` samples.
-    add_flow_options(parser, temperature=0.0)
+    add_flow_options(parser)
 
 
 def eval_command(args: argparse.Namespace) -> int:

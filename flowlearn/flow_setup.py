@@ -13,8 +13,9 @@ import warnings
 from dataclasses import MISSING, fields
 from typing import Any
 
-from flowlearn.compose import PROMPT_SETS, Flow, FlowSpec, UsageError, build_flow
-from flowlearn.graphs import Context
+from flowlearn.compose import PROMPT_SETS, Flow, FlowSpec, build_flow
+from flowlearn.errors import UsageError
+from flowlearn.nodes.schema.context import Context
 
 __all__ = [
     "Flow",

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from flowlearn.flow_setup import Flow, UsageError, add_flow_options, build_cli_flow
+from flowlearn.errors import UsageError
+from flowlearn.files import JsonlFile
+from flowlearn.flow_setup import Flow, add_flow_options, build_cli_flow
 from flowlearn.graphs import InputState
-from flowlearn.nodes.files import JsonlFile
 from flowlearn.nodes.policies import ServerPolicy
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def add_parser(commands: Any) -> None:
     )
     # Greedy unless asked, as `eval`: the shipped planner's choice is surest greedy (README,
     # "The planner's turn"); `--temperature 0.7` samples as AgentFlow does at inference.
-    add_flow_options(run, temperature=0.0)
+    add_flow_options(run)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -17,7 +17,8 @@ from functools import lru_cache
 from langgraph.graph.state import CompiledStateGraph
 
 from flowlearn.compose import FlowSpec, build_flow
-from flowlearn.graphs import Context, InputState, State
+from flowlearn.graphs import InputState, State
+from flowlearn.nodes.schema.context import Context
 
 Graph = CompiledStateGraph[State, Context, InputState, State]
 

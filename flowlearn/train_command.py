@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from flowlearn.flow_setup import UsageError
+from flowlearn.errors import AdapterError, UsageError
 
 
 def add_parser(commands: Any) -> None:
@@ -26,10 +26,9 @@ def add_parser(commands: Any) -> None:
 
 def train_command(args: argparse.Namespace) -> int:
     """Validate the config, train, and say where the final policy is."""
+    from flowlearn.compose import build_training_parts
     from flowlearn.training.config import parse_config
     from flowlearn.training.run import check_run, resume_point, train
-    from flowlearn.training.vllm.lora_server import AdapterError
-    from flowlearn.training_parts import build_training_parts
 
     try:
         config = parse_config(args.options)

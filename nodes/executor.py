@@ -30,8 +30,8 @@ from flowlearn.nodes.retry import ENGINE_RETRY, engine_error, retrying
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord
 from flowlearn.nodes.schema.state import State
-from flowlearn.nodes.secrets import error_text
 from flowlearn.nodes.tool_review import review
+from flowlearn.secrets import error_text
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel

@@ -16,7 +16,8 @@ from typing import ParamSpec, TypeVar
 import tenacity
 from langgraph.types import RetryPolicy
 
-from flowlearn.nodes.secrets import error_text, redact
+from flowlearn.errors import TransientEngineError
+from flowlearn.secrets import error_text, redact
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -49,10 +50,6 @@ ENGINE_RETRY = RetryPolicy(
     initial_interval=0.5, backoff_factor=2.0, max_attempts=3, jitter=True, retry_on=is_transient
 )
 """Retry a model call that hit a transient error (timeout, dropped connection, 429/5xx)."""
-
-
-class TransientEngineError(Exception):
-    """A transient model error that outlasted its retries; `__cause__` is the last one raised."""
 
 
 def _matches(policy: RetryPolicy, exc: BaseException) -> bool:
@@ -103,7 +100,7 @@ def retrying(call: Callable[P, T], policy: RetryPolicy | None) -> Callable[P, T]
 def engine_error(exc: BaseException) -> str:
     """Return the message recorded for a failed engine call (retries already spent).
 
-    Known secrets are redacted (`flowlearn.nodes.secrets`): a server's 401 may echo its token.
+    Known secrets are redacted (`flowlearn.secrets`): a server's 401 may echo its token.
     """
     if isinstance(exc, TransientEngineError) and exc.__cause__ is not None:
         return f"the engine failed (transient; retries exhausted): {error_text(exc.__cause__)}"

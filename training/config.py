@@ -73,7 +73,7 @@ class FlowGRPOConfig(GRPOConfig):
     corpus: str | None = _help("JSONL corpus for local_search.", None)
     query_analysis: bool | None = _help(
         "See Context.query_analysis; default: the prompt set's choice.", None, **FLAG
-    )  # type: ignore[assignment]
+    )
     prompts: str | None = _help(
         "Prompt set: agentflow or smollm2; default: smollm2 when the planner or engine is the "
         "embedded default, else agentflow (the planner trains on what it will be served).",

@@ -29,7 +29,7 @@ from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.protocol import Policy
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.schema.context import Context
-from flowlearn.nodes.secrets import error_text
+from flowlearn.secrets import error_text
 from flowlearn.training.trajectories import (
     DROPPED,
     Trajectory,

@@ -16,7 +16,7 @@ Why it looks like this:
    checkpoint counts only when its state file parses; an incomplete one is renamed
    `incomplete-checkpoint-N` (kept for inspection, out of transformers' way) and training
    resumes from the one before. Final models are swapped in whole by
-   `flowlearn.nodes.files.save_atomically`.
+   `flowlearn.files.save_atomically`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from langchain_core.tools import BaseTool
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.evals.tasks import load_cases_and_scorer
-from flowlearn.nodes.files import save_atomically, write_text_atomically
+from flowlearn.files import save_atomically, write_text_atomically
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.training.config import FlowGRPOConfig

@@ -40,7 +40,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
-from flowlearn.nodes.files import JsonlFile, write_atomically
+from flowlearn.files import JsonlFile, write_atomically
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.protocol import Policy

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
-from flowlearn.nodes.files import JsonlFile, write_atomically
+from flowlearn.files import JsonlFile, write_atomically
 from flowlearn.nodes.schema.records import Transition
 
 SCHEMA_VERSION = 2

@@ -3,6 +3,7 @@
 Importing this package stays light (no torch or transformers): those load when a model does.
 """
 
+from flowlearn.errors import ModelNotFoundError, ServerError
 from flowlearn.nodes.policies.batching import BatchingPolicy
 from flowlearn.nodes.policies.frozen_base import FrozenBasePolicy
 from flowlearn.nodes.policies.handle import ModelHandle
@@ -11,14 +12,12 @@ from flowlearn.nodes.policies.hf_chat import HFChatModel
 from flowlearn.nodes.policies.loading import (
     BASE_SOURCE,
     DEFAULT_SOURCES,
-    ModelNotFoundError,
     load_model_and_tokenizer,
     untrained_twin,
 )
-from flowlearn.nodes.policies.local_models import LocalModels, load_local_models
 from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
 from flowlearn.nodes.policies.scripted import ScriptedPolicy
-from flowlearn.nodes.policies.server import ServerError, ServerPolicy
+from flowlearn.nodes.policies.server import ServerPolicy
 from flowlearn.nodes.policies.server_chat import ServerChatModel
 
 __all__ = [
@@ -29,7 +28,6 @@ __all__ = [
     "FrozenBasePolicy",
     "HFChatModel",
     "HFPolicy",
-    "LocalModels",
     "ModelHandle",
     "ModelNotFoundError",
     "Policy",
@@ -37,7 +35,6 @@ __all__ = [
     "ServerChatModel",
     "ServerError",
     "ServerPolicy",
-    "load_local_models",
     "load_model_and_tokenizer",
     "untrained_twin",
 ]

@@ -216,13 +216,14 @@ class HFChatModel(BaseChatModel):
 
     def _chosen(self, chat: Messages, kwargs: dict[str, Any]) -> ChatResult:
         """Reply with one of `kwargs["choice"]` (see the class docstring)."""
-        if not self.can_choose():
+        policy = self.policy
+        if not (self.scores_choices and isinstance(policy, ScoringPolicy)):
             raise ValueError(f"{type(self).__name__} cannot score a `choice`; call without it")
         if kwargs.get("tools") or kwargs.get("tool_choice"):
             raise ValueError("a call cannot have both `choice` and tools: give one of them")
         temperature = float(kwargs.get("temperature", self.temperature))
         choices = check_choices(kwargs["choice"])
-        best, meta = choose(self.policy, chat, choices, temperature)
+        best, meta = choose(policy, chat, choices, temperature)
         message = AIMessage(content=best, response_metadata={"model": self.policy.version, **meta})
         return ChatResult(generations=[ChatGeneration(message=message)])
 

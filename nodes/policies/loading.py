@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flowlearn.nodes.files import save_atomically
+from flowlearn.errors import ModelNotFoundError
+from flowlearn.files import save_atomically
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SOURCES = ("default", "smollm2", "")
@@ -32,10 +33,6 @@ def untrained_twin(source: str | os.PathLike[str] | None) -> str:
     """
     text = str(source) if source is not None else ""
     return BASE_SOURCE if text.lower() in DEFAULT_SOURCES and shipped_adapter() else text
-
-
-class ModelNotFoundError(RuntimeError):
-    """No model could be found where the user (or the default) pointed."""
 
 
 def cache_dir(given: str | os.PathLike[str] | None = None) -> Path:

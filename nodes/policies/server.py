@@ -19,23 +19,13 @@ import os
 import time
 from typing import Any, Literal
 
+from flowlearn.errors import ServerError
 from flowlearn.nodes.policies.hf import chat_prompt_ids
 from flowlearn.nodes.policies.stops import StopWatch
 from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
-from flowlearn.nodes.secrets import redact, remember, url_secrets
+from flowlearn.secrets import redact, remember, url_secrets
 
 LogprobsMode = Literal["processed", "raw"]
-
-
-class ServerError(RuntimeError):
-    """The server answered with an error status; `status_code` tells retries what it was.
-
-    The message is redacted (`flowlearn.nodes.secrets`): a 401 body may echo the bearer token.
-    """
-
-    def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(f"generation server answered {status_code}: {redact(message)}")
-        self.status_code = status_code
 
 
 class ServerPolicy:
@@ -130,7 +120,7 @@ class ServerPolicy:
         response = self._client.post(route, json=body)
         seconds = time.perf_counter() - start
         if response.status_code >= 400:
-            raise ServerError(response.status_code, response.text[:500])
+            raise ServerError(response.status_code, redact(response.text[:500]))
         data = response.json()
         choice = data["choices"][0]
         text = choice["text"] if "text" in choice else choice["message"]["content"] or ""

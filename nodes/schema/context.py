@@ -29,7 +29,10 @@ class Context:
     )
     planner_temperature: float = field(
         default=_PLANNER.temperature,
-        metadata={"description": "Sampling temperature of the planner policy (0 = greedy)."},
+        metadata={
+            "description": "Sampling temperature of the planner policy (0 = greedy, as "
+            "AgentFlow infers; `flowlearn collect` samples at 0.7)."
+        },
     )
     planner_top_p: float = field(
         default=_PLANNER.top_p,

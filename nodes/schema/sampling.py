@@ -14,9 +14,14 @@ Messages = list[dict[str, str]]
 
 @dataclass(frozen=True, kw_only=True)
 class Sampling:
-    """Sampling settings for one policy call; its defaults are the planner's (`Context`'s)."""
+    """Sampling settings for one policy call; its defaults are the planner's (`Context`'s).
 
-    temperature: float = 0.7
+    Greedy by default, as AgentFlow's inference: a run, an eval and the Python API then answer
+    the same way twice. Rollouts that train need variety and say so: `flowlearn collect`
+    samples at 0.7, and training at TRL's `temperature`.
+    """
+
+    temperature: float = 0.0
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None

@@ -18,9 +18,9 @@ from typing import Any, Literal, get_args
 
 from langchain_core.tools import BaseTool, StructuredTool
 
+from flowlearn.errors import SandboxUnavailableError
 from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.tools.sandbox import (
-    SandboxUnavailableError,
     find_bwrap,
     installed_packages,
     require_sandbox,

@@ -26,6 +26,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from flowlearn.errors import SandboxUnavailableError
+
 INSIDE = "/sandbox"
 """The child's one writable folder: its working directory, HOME and TMPDIR."""
 PACKAGES = "/opt/packages"
@@ -53,10 +55,6 @@ _FIX = (
     "python_tool(isolation='none'), `--python-isolation none` or FLOWLEARN_PYTHON_ISOLATION=none."
 )
 log = logging.getLogger(__name__)
-
-
-class SandboxUnavailableError(RuntimeError):
-    """The host cannot isolate the `python` tool's code; the message says why and what to do."""
 
 
 def find_bwrap() -> str | None:

@@ -7,15 +7,12 @@ from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
+from flowlearn.errors import TransientSearchError
 from flowlearn.nodes.retry import with_retries
-from flowlearn.nodes.secrets import error_text, redact, remember, url_secrets
+from flowlearn.secrets import error_text, redact, remember, url_secrets
 
 KEY_ENV = "TAVILY_API_KEY"
 BASE_URL_ENV = "TAVILY_BASE_URL"
-
-
-class TransientSearchError(Exception):
-    """A failure worth retrying: rate limit, timeout, connection or server error."""
 
 
 def web_search_tool(
@@ -57,7 +54,7 @@ def web_search_tool(
     except ImportError as exc:
         raise ImportError("web_search needs tavily-python: pip install 'flowlearn[web]'") from exc
     root = base_url or os.environ.get(BASE_URL_ENV)
-    remember(key, *url_secrets(root))  # see flowlearn.nodes.secrets
+    remember(key, *url_secrets(root))  # see flowlearn.secrets
     client = TavilyClient(api_key=key, api_base_url=root)
 
     def search_once(query: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
 from flowlearn.nodes.retry import with_retries
-from flowlearn.nodes.secrets import error_text, remember, url_secrets
+from flowlearn.secrets import error_text, remember, url_secrets
 
 DEFAULT_ENDPOINT = "https://en.wikipedia.org/w/api.php"
 USER_AGENT = "flowlearn/0.1 (agent research framework; https://pypi.org/project/flowlearn/)"
@@ -46,7 +46,7 @@ def wikipedia_tool(
     import requests
 
     url = endpoint or DEFAULT_ENDPOINT
-    remember(*url_secrets(url))  # see flowlearn.nodes.secrets
+    remember(*url_secrets(url))  # see flowlearn.secrets
     session = requests.Session()
     session.headers["User-Agent"] = user_agent
 

@@ -26,6 +26,7 @@ FILE --skip N]`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,11 +41,12 @@ from flowlearn.nodes import planner as planner_module
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.policies.hf import chat_prompt_ids
-from flowlearn.nodes.prompts import (
-    PLANNER_PROMPT,
-    QUERY_ANALYSIS_MAX_TOKENS,
-)
+from flowlearn.nodes.prompts import Prompts
 from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
+
+PLANNER_PROMPT = SMOLLM2_PROMPTS.planner
+"""The shipped planner's prompt: the smollm2 preset's, which the adapters were trained with."""
 
 LAYOUTS = {
     "shipped": PLANNER_PROMPT,
@@ -73,17 +75,18 @@ def first_prompts(
     corpus: Path = CORPUS_FILE,
     *,
     query_analysis: bool = False,
+    prompts: Prompts = SMOLLM2_PROMPTS,
 ) -> tuple[list[list[int]], Any, Any]:
     """Each case's first planner prompt ids (analyses cached in `cache`); the model, tokenizer."""
     spec = FlowSpec.from_env(planner="default-base", corpus=str(corpus), batch_size=16)
-    planner, engine = load_parts(spec)
-    tools = build_tools(spec, engine)
+    planner, engine = load_parts(spec, prompts)
+    tools = build_tools(spec, engine, prompts)
     catalogue = render_catalogue(tools)
     questions = [with_answer_instruction(c["question"]) for c in cases]
-    analyses = analyse(questions, tools, engine, cache) if query_analysis else {}
+    analyses = analyse(questions, tools, engine, cache, prompts) if query_analysis else {}
     handle: Any = planner.handle  # type: ignore[attr-defined]
     tokenizer = handle.tokenizer
-    prompts = [
+    ids = [
         chat_prompt_ids(
             tokenizer,
             planner_module.plan_messages(
@@ -94,22 +97,25 @@ def first_prompts(
                 tools=catalogue,
                 turn=1,
                 prefill=True,
+                prompts=prompts,
             ),
         )
         for q in questions
     ]
-    return prompts, handle.model, tokenizer
+    return ids, handle.model, tokenizer
 
 
-def analyse(questions: list[str], tools: Any, engine: Any, cache: Path) -> dict[str, str]:
+def analyse(
+    questions: list[str], tools: Any, engine: Any, cache: Path, prompts: Prompts = SMOLLM2_PROMPTS
+) -> dict[str, str]:
     """The untrained engine's greedy query analysis of each question, cached in `cache`."""
     # keyed by the analysis prompt's text: a changed prompt is analysed afresh
-    asked = {q: planner_module.analysis_messages(q, tools) for q in questions}
+    asked = {q: planner_module.analysis_messages(q, tools, prompts) for q in questions}
     keys = {q: json.dumps(messages) for q, messages in asked.items()}
     known = json.loads(cache.read_text()) if cache.is_file() else {}
     missing = [q for q in questions if keys[q] not in known]
     if missing:
-        ask = role_call(engine, None, max_tokens=QUERY_ANALYSIS_MAX_TOKENS)
+        ask = role_call(engine, None, max_tokens=prompts.budgets.query_analysis)
         with ThreadPoolExecutor(16) as pool:
             replies = pool.map(lambda q: ask(asked[q]).text, missing)
             known.update({keys[q]: text for q, text in zip(missing, replies, strict=True)})
@@ -186,9 +192,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.layout != "shipped" and args.adapters:
         parser.error("--layout compares the untrained planner only: adapters learned 'shipped'")
-    planner_module.PLANNER_PROMPT = LAYOUTS[args.layout]
+    layout = dataclasses.replace(SMOLLM2_PROMPTS, planner=LAYOUTS[args.layout])
     cases = pick_cases(args.cases, args.skip, args.per_kind)
-    prompts, model, tokenizer = first_prompts(cases, args.cache, query_analysis=args.query_analysis)
+    prompts, model, tokenizer = first_prompts(
+        cases, args.cache, query_analysis=args.query_analysis, prompts=layout
+    )
     names = ["local_search", "generalist", "python"]
     firsts = first_tokens(tokenizer, prompts[0], names)
     results = [

@@ -6,7 +6,7 @@ capital, `python` for a product), the engine being the default SmolLM2-135M-Inst
 - before: what the engine did until issue 18: no stop strings honoured while generating, no
   repetition rule, one 384-token budget for every call;
 - after: the defaults: the generator stops at `</answer>`, a degenerate repetition ends any
-  call, each role has its own budget (`nodes.prompts`).
+  call, each role has its own budget (the smollm2 preset's, `SMOLLM2_PROMPTS.budgets`).
 
 Prints each engine call's tokens, seconds and how it ended, the answer, and the before/after
 ratio of engine seconds. Run: `python research/smollm2-preset/engine_budgets.py`. Writes
@@ -29,9 +29,12 @@ from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.policies import HFChatModel, HFPolicy
 from flowlearn.nodes.policies.scripted import ScriptedPolicy, planner_turn
 from flowlearn.nodes.policies.stops import StopWatch
-from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS
 from flowlearn.nodes.schema.sampling import Messages
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import default_tools
+
+PROMPTS = SMOLLM2_PROMPTS
+"""The embedded model's prompt set: its templates, examples and per-role budgets."""
 
 RESULTS = Path(__file__).parent / "results" / "engine_budgets.json"
 CASES = [
@@ -84,14 +87,18 @@ class Before(Measured):
 def engines(policy: HFPolicy) -> dict[str, Measured]:
     """Build the engine as it was before, and as it is now."""
     before = Before(policy=policy, fixed_max_new_tokens=384, repetition=None, honour_stop=False)
-    return {"before": before, "after": Measured(policy=policy, max_new_tokens=ENGINE_MAX_TOKENS)}
+    return {
+        "before": before,
+        "after": Measured(policy=policy, max_new_tokens=PROMPTS.budgets.engine),
+    }
 
 
 def run_case(engine: Measured, question: str, tool: str, sub_goal: str) -> dict[str, Any]:
     """Run one question with a scripted plan; return per-call figures and the answer."""
     engine.calls.clear()
     planner = ScriptedPolicy([planner_turn(tool, sub_goal, question)])
-    graph = build_agentflow(planner, engine, default_tools(engine))
+    tools = default_tools(engine, k=PROMPTS.search_k, order=PROMPTS.tool_order)
+    graph = build_agentflow(planner, engine, tools, prompts=PROMPTS)
     start = time.perf_counter()
     state = graph.invoke({"question": question}, context=Context(max_turns=1, query_analysis=True))
     total = time.perf_counter() - start

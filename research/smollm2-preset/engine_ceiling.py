@@ -42,8 +42,11 @@ from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.scripted import ScriptedPolicy, planner_turn
-from flowlearn.nodes.prompts import ENGINE_MAX_TOKENS, PLANNER_EXAMPLE
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import default_tools
+
+PROMPTS = SMOLLM2_PROMPTS
+"""The embedded model's prompt set: its templates, worked examples, budgets and tools' k."""
 
 RESULTS = Path(__file__).parent / "results" / "engine_ceiling.json"
 
@@ -52,8 +55,8 @@ def plan(case: dict[str, Any], tools: list[Any], kind: str) -> str:
     """The case's right tool, with the question as sub-goal and context, or its plan example."""
     if kind == "question":
         return planner_turn(case["tool"], case["question"].rstrip("?."), case["question"])
-    example = next(t for t in tools if t.name == case["tool"]).metadata["plan_example"]
-    return PLANNER_EXAMPLE.format(tool=case["tool"], **example)  # as the prompt shows it
+    example = PROMPTS.plan_examples[case["tool"]]
+    return PROMPTS.plan_example.format(tool=case["tool"], **example)  # as the prompt shows it
 
 
 async def run_case(
@@ -61,7 +64,7 @@ async def run_case(
 ) -> dict[str, Any]:
     """Run one case with its right-tool plan; return what the tool and the flow answered."""
     planner = ScriptedPolicy([plan(case, tools, kind)])
-    graph = build_agentflow(planner, engine, tools)
+    graph = build_agentflow(planner, engine, tools, prompts=PROMPTS)
     question = with_answer_instruction(case["question"])  # as `flowlearn eval` asks it
     state = await graph.ainvoke(
         {"question": question}, context=Context(max_turns=1, query_analysis=True)
@@ -89,10 +92,13 @@ async def main(args: argparse.Namespace) -> None:
     cases = [json.loads(line) for line in args.cases.read_text().splitlines()][: args.limit]
     policy = HFPolicy.from_pretrained(None)  # the embedded default
     engine = HFChatModel(
-        policy=BatchingPolicy(policy, max_batch_size=16), max_new_tokens=ENGINE_MAX_TOKENS
+        policy=BatchingPolicy(policy, max_batch_size=16), max_new_tokens=PROMPTS.budgets.engine
     )
     names = ("python", "local_search")
-    tools = [t for t in default_tools(engine, corpus=str(args.corpus)) if t.name in names]
+    every = default_tools(
+        engine, corpus=str(args.corpus), k=PROMPTS.search_k, order=PROMPTS.tool_order
+    )
+    tools = [t for t in every if t.name in names]
     start = time.perf_counter()
     rows = await asyncio.gather(*[run_case(case, engine, tools, kind) for case in cases])
     seconds = time.perf_counter() - start

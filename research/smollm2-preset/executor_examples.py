@@ -4,7 +4,7 @@
 writes the `python` call under a planner's sub-goal, shown one of these sets of worked calls:
 - `one`: the single call shipped until session 20 ("What is 12 times 34?" -> `12 * 34`, under
   the sub-goal "Compute 12 * 34.");
-- `shipped`: `python_sandbox.CALL_EXAMPLES` (a sum of three, a difference worded in reverse
+- `shipped`: the smollm2 preset's `PYTHON_CALLS` (a sum of three, a difference worded in reverse
   order, a product), under the plan example's sub-goal.
 Sub-goals: `trained`, what the shipped planner writes ("Find passage that answers question.",
 its context too); `plan-example`, the python plan example's. Question sets: the 24 held-out
@@ -15,9 +15,9 @@ a test). A call is right when the tool prints exactly the answer. Wrong calls ar
 
 `--tool local_search`: for each lookup (the 24 held-out, and `--cases`' on `--corpus`), the
 executor writes the query shown `one` (Kenya's call alone, shipped until session 20) or
-`shipped` (`local_search.CALL_QUESTIONS`), under the trained planner's sub-goal in two wordings
-it writes ("Find passage that answers question." and "Find the passage that answers the
-question."). A call is right when the first passage found holds the answer.
+`shipped` (the smollm2 preset's `SEARCH_CALL_QUESTIONS`), under the trained planner's sub-goal
+in two wordings it writes ("Find passage that answers question." and "Find the passage that
+answers the question."). A call is right when the first passage found holds the answer.
 
 Also for python, tried in session 22 on the dev set's "Add A to B." and "B take away A":
 `add-to`, `take-away`, `both` (worked calls in those phrasings; none shipped,
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -47,13 +48,25 @@ from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.nodes.catalogue import describe_tool
 from flowlearn.nodes.executor import call_example_turns, propose_arguments
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
-from flowlearn.nodes.prompts import EXECUTOR_PROMPT
+from flowlearn.nodes.prompts import Prompts
 from flowlearn.nodes.render import prompt_messages
+from flowlearn.nodes.smollm2 import PYTHON_CALLS, SMOLLM2_PROMPTS
+from flowlearn.nodes.smollm2 import PYTHON_SUB_GOAL as COMPUTE
+from flowlearn.nodes.smollm2 import SEARCH_SUB_GOAL as SEARCH
 from flowlearn.nodes.tools import default_tools
-from flowlearn.nodes.tools.local_search import PLAN_SUB_GOAL as SEARCH
 from flowlearn.nodes.tools.local_search import local_search_tool
-from flowlearn.nodes.tools.python_sandbox import CALL_EXAMPLES, worked_calls
-from flowlearn.nodes.tools.python_sandbox import PLAN_SUB_GOAL as COMPUTE
+
+PROMPTS = SMOLLM2_PROMPTS
+"""The embedded model's prompt set: the executor's template, worked calls and budget."""
+
+
+def worked_calls(pairs: Any) -> list[dict[str, Any]]:
+    """Return (question, code) pairs as worked `python` calls, under the plan example's sub-goal."""
+    return [
+        {"question": q, "context": q, "sub_goal": COMPUTE, "arguments": {"code": c}}
+        for q, c in pairs
+    ]
+
 
 OTHER_PHRASINGS = [
     ("{a} + {b}", "What is the total of {a} and {b}?"),
@@ -77,8 +90,8 @@ TRAINED = (
 )
 KENYA = "What is the capital of Kenya?"
 
-SUM3, LESS, TIMES = CALL_EXAMPLES  # the shipped worked calls, in order
-EXAMPLE_SETS = {  # the shipped sets are read from the tools' metadata
+SUM3, LESS, TIMES = PYTHON_CALLS  # the shipped worked calls, in order
+EXAMPLE_SETS = {  # None: the preset's own worked calls (`PROMPTS.call_examples`)
     "python": {
         "one": [ONE],
         "shipped": None,
@@ -156,30 +169,32 @@ async def main(args: argparse.Namespace) -> None:
         tools = {"": {t.name: t for t in default_tools(engine)}["python"]}
         groups = {"held-out": needing("python", HELDOUT_FILE), "other phrasings": other_phrasings()}
     else:
-        tools = {"": local_search_tool(CORPUS_FILE)}
+        tools = {"": local_search_tool(CORPUS_FILE, k=PROMPTS.search_k)}
         groups = {"held-out": needing("local_search", HELDOUT_FILE)}
     if args.cases:
-        tools[args.cases.name] = local_search_tool(args.corpus) if args.corpus else tools[""]
+        tools[args.cases.name] = (
+            local_search_tool(args.corpus, k=PROMPTS.search_k) if args.corpus else tools[""]
+        )
         groups[args.cases.name] = needing(args.tool, args.cases)
 
     async def call(case: dict[str, Any], tool: BaseTool, shown: list[dict[str, str]], plan):
         context, sub_goal = plan
-        user = EXECUTOR_PROMPT.format(
+        user = PROMPTS.executor.format(
             tool=tool.name,
             question=case["question"],
             context=context,
             sub_goal=sub_goal,
             tool_description=describe_tool(tool),
         )
-        system, asked = prompt_messages(user)
+        system, asked = prompt_messages(user, system=PROMPTS.system)
         arguments, raw, _ = await asyncio.to_thread(
-            propose_arguments, engine, tool, [system, *shown, asked]
+            propose_arguments, engine, tool, [system, *shown, asked], PROMPTS
         )
         if not arguments:
             return False, raw
         return right(tool, arguments, case), next(iter(arguments.values()), None)
 
-    shipped = {id(tool): call_example_turns(tool) for tool in tools.values()}  # before any swap
+    shipped = {id(tool): call_example_turns(tool, PROMPTS) for tool in tools.values()}
     for set_name, examples in EXAMPLE_SETS[args.tool].items():
         if args.sets and set_name not in args.sets:
             continue
@@ -191,9 +206,9 @@ async def main(args: argparse.Namespace) -> None:
                 tool = tools.get(group, tools[""])
                 shown = shipped[id(tool)]
                 if examples is not None:
-                    kept = {k: v for k, v in tool.metadata.items() if k != "call_examples"}
-                    tool.metadata = {**kept, "call_examples": examples}
-                    shown = call_example_turns(tool)
+                    calls = {**PROMPTS.call_examples, tool.name: examples}
+                    swapped: Prompts = dataclasses.replace(PROMPTS, call_examples=calls)
+                    shown = call_example_turns(tool, swapped)
                 results = await asyncio.gather(*(call(c, tool, shown, plan) for c in cases))
                 counts.append(f"{group} {sum(ok for ok, _ in results)}/{len(cases)}")
                 pairs = zip(cases, results, strict=True)

@@ -5,7 +5,7 @@ tool-use task, under the plan the untrained planner copies (the tool's own plan 
 sub-goal "Find the passage that answers the question."). Each set-up changes only what the
 executor is shown of the tool:
 - `shipped`: the tool as it ships;
-- `no-example`: its worked calls (`metadata["call_examples"]`) removed;
+- `no-example`: its worked calls (the smollm2 preset's `call_examples["local_search"]`) removed;
 - `notes`: no worked call, the usage notes saying "Use the question's own words as the query.".
 
 Prints, per set-up, how often the passage holding the answer came back, and how often first.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -29,21 +30,31 @@ from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.graphs import Context
 from flowlearn.nodes import make_executor
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
+from flowlearn.nodes.prompts import Prompts
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools.local_search import local_search_tool
 
 SETUPS = ("shipped", "no-example", "notes")
+PROMPTS = SMOLLM2_PROMPTS
+"""The embedded model's prompt set: the executor's template, worked calls and budget."""
 
 
 def search_tool(setup: str) -> BaseTool:
     """Return `local_search` over the task corpus as `setup` shows it to the executor."""
-    tool = local_search_tool(CORPUS_FILE)
+    tool = local_search_tool(CORPUS_FILE, k=PROMPTS.search_k)
     metadata = copy.deepcopy(tool.metadata or {})
-    if setup != "shipped":
-        metadata.pop("call_examples", None)
     if setup == "notes":
         metadata["usage_notes"] = "Use the question's own words as the query."
     tool.metadata = metadata
     return tool
+
+
+def setup_prompts(setup: str) -> Prompts:
+    """Return the preset as `setup` shows it: without `local_search`'s worked calls but shipped."""
+    if setup == "shipped":
+        return PROMPTS
+    calls = {name: c for name, c in PROMPTS.call_examples.items() if name != "local_search"}
+    return dataclasses.replace(PROMPTS, call_examples=calls)
 
 
 def main(setups: list[str]) -> None:
@@ -52,10 +63,9 @@ def main(setups: list[str]) -> None:
     lookups = [case for case in cases if case["tool"] == "local_search"]
     engine = HFChatModel(policy=BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16))
     runtime = SimpleNamespace(context=Context(), stream_writer=lambda event: None)
-    tool = search_tool("shipped")
-    plan = {"turn": 1, "tool": "local_search", **tool.metadata["plan_example"]}  # type: ignore[index]
+    plan = {"turn": 1, "tool": "local_search", **PROMPTS.plan_examples["local_search"]}
     for setup in setups:
-        node = make_executor(engine, [search_tool(setup)])
+        node = make_executor(engine, [search_tool(setup)], prompts=setup_prompts(setup))
 
         def call(case: dict[str, Any], node: Any = node) -> dict[str, Any]:
             return node({"question": case["question"], "plan": plan}, runtime)["memory"][0]

@@ -29,9 +29,12 @@ from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.nodes.catalogue import describe_tool
 from flowlearn.nodes.executor import call_example_turns, propose_arguments
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
-from flowlearn.nodes.prompts import EXECUTOR_PROMPT
 from flowlearn.nodes.render import bare_question, prompt_messages
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import default_tools
+
+PROMPTS = SMOLLM2_PROMPTS
+"""The embedded model's prompt set: the executor's template, worked calls and budget."""
 
 EIFFEL = "Find the year the Eiffel Tower was completed."
 SUB_GOALS = {
@@ -46,21 +49,26 @@ async def main(args: argparse.Namespace) -> None:
     cases = [json.loads(line) for line in args.cases.read_text().splitlines()]
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     engine = HFChatModel(policy=policy, max_new_tokens=128)
-    tools = {t.name: t for t in default_tools(engine, corpus=str(args.corpus))}
+    every = default_tools(
+        engine, corpus=str(args.corpus), k=PROMPTS.search_k, order=PROMPTS.tool_order
+    )
+    tools = {t.name: t for t in every}
 
     async def right(case: dict[str, Any], sub_goal: str, bare: bool) -> bool:
         tool = tools[case["tool"]]
         question = with_answer_instruction(case["question"])
-        user = EXECUTOR_PROMPT.format(
+        user = PROMPTS.executor.format(
             tool=tool.name,
             question=bare_question(question) if bare else question,
             context="The question is given.",
             sub_goal=sub_goal,
             tool_description=describe_tool(tool),
         )
-        system, asked = prompt_messages(user)
-        messages = [system, *call_example_turns(tool), asked]
-        arguments, _, _ = await asyncio.to_thread(propose_arguments, engine, tool, messages)
+        system, asked = prompt_messages(user, system=PROMPTS.system)
+        messages = [system, *call_example_turns(tool, PROMPTS), asked]
+        arguments, _, _ = await asyncio.to_thread(
+            propose_arguments, engine, tool, messages, PROMPTS
+        )
         if arguments is None:
             return False
         try:

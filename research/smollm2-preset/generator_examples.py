@@ -3,18 +3,19 @@
 Each question is answered by the embedded SmolLM2 generator from a memory holding the right tool
 result: for a lookup, the 3 passages `local_search` returns for the question itself; for
 arithmetic, the right number as python prints it. The prompt is the generator node's own
-(`generator.generator_messages`: no arguments, no sub-goals, the memory's tool's examples last).
+(`generator.generator_messages` with the smollm2 preset: no arguments, no sub-goals, the memory's
+tool's examples last).
 The questions are the tool-use task's train and held-out sets (72 of each kind), or a set given
 by `--cases FILE --corpus FILE`: `research/default-planner/outside_set.py`'s outside set, or its
 `--relations dev`
 set (a third set of relations, made to choose prompts on so the outside set stays a test).
 Sets of worked answers:
 - `before`, `session 14`: python's and Kenya's; python's, the author's, Kenya's;
-- `shipped`: `GENERATOR_EXAMPLES` (python's 408 and -86, the Kora Bridge length, the author's,
-  the Tana Dam's builder, Kenya's, Japan's highest mountain), the memory's tool's ordered by
-  form, the nearest last (`generator.ordered_examples`, session 25); `session 25` and `was
-  written` likewise; every other set is shown as before session 25, the memory's tool's
-  examples last in their own order;
+- `shipped`: the smollm2 preset's `WORKED_ANSWERS` (python's 408 and -86, the Kora Bridge
+  length, the author's, the Tana Dam's builder, Kenya's, Japan's highest mountain), the
+  memory's tool's ordered by form, the nearest last (`smollm2.order_by_form`, session 25);
+  `session 25` and `was written` likewise; every other set is shown as before session 25, the
+  memory's tool's examples last in their own order (`order_by_tool` here);
 - `session 25`: the six shipped then (no Tana Dam); `was written`: those with the author's
   passage in the passive ("The Glass Road was written by Ana Petrov.");
 - `by tool`: the four shipped in sessions 20-24 (python's 408, the length, the author's, Kenya's);
@@ -28,7 +29,7 @@ Sets of worked answers:
 - `untitled`: every passage shown without its id and title line, the examples' too;
 - `bare replies`: each reply only the tagged answer.
 Since session 21 the node opens its own tool's worked lookup replies with what the question asks
-for ("The question asks for the capital of Kenya.", `generator.echoed`), in every set here;
+for ("The question asks for the capital of Kenya.", `smollm2.echo_asks`), in every set here;
 measured as the set `question echo` before it shipped: lookups task 61/72, dev 13/21, outside
 10/12 (shipped then: 56, 12, 7); echoed in every memory, arithmetic fell to 64/71.
 
@@ -50,9 +51,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,15 +66,20 @@ from flowlearn.nodes.generator import closed_reply, generator_messages
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.engine_calls import role_call
-from flowlearn.nodes.prompts import (
-    ANSWER_STOP,
-    GENERATOR_MAX_TOKENS,
+from flowlearn.nodes.prompts import ANSWER_STOP, Example, Prompts
+from flowlearn.nodes.schema.records import StepRecord
+from flowlearn.nodes.smollm2 import (
+    SMOLLM2_PROMPTS,
+    WORKED_ANSWERS,
+    echo_asks,
+    order_worked_answers,
 )
 from flowlearn.nodes.tools import python_tool
 from flowlearn.nodes.tools.local_search import local_search_tool
-from flowlearn.nodes.worked_answers import GENERATOR_EXAMPLES
 
-PYTHON, NEGATIVE, QUANTITY, AUTHOR, DAM, KENYA, MOUNTAIN = GENERATOR_EXAMPLES
+PROMPTS = SMOLLM2_PROMPTS
+"""The embedded model's prompt set: the generator's template, view, worked answers and budget."""
+PYTHON, NEGATIVE, QUANTITY, AUTHOR, DAM, KENYA, MOUNTAIN = WORKED_ANSWERS
 SESSION_24 = (PYTHON, QUANTITY, AUTHOR, KENYA)
 """The worked answers shipped in sessions 20-24, shown in order of tool only."""
 
@@ -108,7 +116,7 @@ WAS_WRITTEN = _lookup(  # the author's, its passage in the passive of most "by" 
 SETS: dict[str, tuple[Any, ...]] = {  # examples, the memory's tool's last
     "before": (PYTHON, KENYA),
     "session 14": (PYTHON, AUTHOR, KENYA),
-    "shipped": (GENERATOR_EXAMPLES),
+    "shipped": WORKED_ANSWERS,
     "by tool": SESSION_24,
     "was written": (PYTHON, NEGATIVE, QUANTITY, WAS_WRITTEN, KENYA, MOUNTAIN),
     "session 25": (PYTHON, NEGATIVE, QUANTITY, AUTHOR, KENYA, MOUNTAIN),
@@ -137,6 +145,26 @@ BY_TOOL = set(SETS) - {"shipped", "was written", "session 25"}
 RELATIONS = ("capital", "founded", "author", "inventor", "river", "height")
 
 
+def order_by_tool(memory: Sequence[StepRecord], examples: Sequence[Example]) -> list[Example]:
+    """Return `examples` as shown before session 25: the memory's last tool's last, in order.
+
+    Then echoed, as the preset's (`smollm2.echo_asks`); a memory with no tool call keeps the
+    order.
+    """
+    tools = [r.get("tool") for r in memory if r.get("kind") == "action" and r.get("tool")]
+    if not tools:
+        return echo_asks(memory, examples)
+    last = tools[-1]
+    ordered = sorted(examples, key=lambda example: any(r.get("tool") == last for r in example[1]))
+    return echo_asks(memory, ordered)
+
+
+def shown_with(examples: Sequence[Example], by_form: bool) -> Prompts:
+    """Return the preset with `examples` as its worked answers, ordered by form or by tool only."""
+    order = order_worked_answers if by_form else order_by_tool
+    return dataclasses.replace(PROMPTS, generator_examples=examples, order_examples=order)
+
+
 def group(case: dict[str, Any]) -> str:
     """The case's relation (the task's, by its number) or its question's first words."""
     if case["kind"] != "lookup":
@@ -162,16 +190,16 @@ def memory(case: dict[str, Any], search: Any, sub_goals: dict[str, str]) -> list
 
 async def main(sets: list[str], kinds: list[str], files: Any, show: bool = False) -> None:
     """Answer every case of `kinds` under each set, 16 at a time; print right per relation."""
-    search = local_search_tool(files.corpus or CORPUS_FILE)
+    search = local_search_tool(files.corpus or CORPUS_FILE, k=PROMPTS.search_k)
     tools = (python_tool(), search)
-    sub_goals = {t.name: t.metadata["plan_example"]["sub_goal"] for t in tools}  # type: ignore[index]
+    sub_goals = {t.name: PROMPTS.plan_examples[t.name]["sub_goal"] for t in tools}
     sources = files.cases or [HELDOUT_FILE, TRAIN_FILE]
     lines = [line for f in sources for line in Path(f).read_text().splitlines()]
     cases = [json.loads(line) for line in lines]
     cases = [c for c in cases if c["kind"] in kinds]
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     ask = role_call(
-        HFChatModel(policy=policy), None, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP]
+        HFChatModel(policy=policy), None, max_tokens=PROMPTS.budgets.generator, stop=[ANSWER_STOP]
     )
 
     async def right(case: dict[str, Any], examples: Any, by_form: bool) -> bool:
@@ -179,7 +207,7 @@ async def main(sets: list[str], kinds: list[str], files: Any, show: bool = False
         if examples == SETS["untitled"]:
             steps = untitled(steps)
         state = {"question": with_answer_instruction(case["question"]), "memory": steps}
-        messages = generator_messages(state, examples, by_form=by_form)
+        messages = generator_messages(state, shown_with(examples, by_form))
         reply = await asyncio.to_thread(ask, messages)
         mark = exact_match(read_answer(closed_reply(reply)).answer, case["answer"]).value == 1
         if show and not mark:

@@ -14,7 +14,8 @@ it. The embedded SmolLM2 generator then answers from memory shown as:
 - `two examples`: as `no-arguments k=3`, the question without its instruction
   (`bare_question`): what shipped until session 14;
 - `shipped`: as `two examples`, with the worked answers as they shipped in session 14 (python's, an
-  author's, Kenya's; `generator.ordered_examples` orders every view's examples);
+  author's, Kenya's; every view's examples are ordered by tool, as the generator did then:
+  the memory's tool's last, in their own order, not echoed);
 - `restating reply`: as `two examples`, with the worked python answer restating the
   expression ("computed 12 * 34 and printed 408") as it once did;
 - `author example`: as `two examples`, the capital example replaced by an author's, whose answer
@@ -52,32 +53,28 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.scorers import exact_match
 from flowlearn.evals.tool_task import CORPUS_FILE
-from flowlearn.nodes.generator import closed_reply, ordered_examples
+from flowlearn.nodes.generator import closed_reply
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.engine_calls import role_call
-from flowlearn.nodes.prompts import (
-    ANSWER_STOP,
-    GENERATOR_MAX_TOKENS,
-    GENERATOR_PROMPT,
-)
+from flowlearn.nodes.prompts import ANSWER_STOP, Example, MemoryView
 from flowlearn.nodes.render import bare_question, memory_prompt
-from flowlearn.nodes.tools import python_tool
+from flowlearn.nodes.schema.records import StepRecord
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS, WORKED_ANSWERS
 from flowlearn.nodes.tools.local_search import local_search_tool
-from flowlearn.nodes.worked_answers import GENERATOR_EXAMPLES
 
+PROMPTS = SMOLLM2_PROMPTS
+"""The embedded model's prompt set: the generator's template and budget, the plan sub-goals."""
 CEILING = Path(__file__).parent / "results" / "engine_ceiling.json"
-SUB_GOALS = {
-    tool.name: tool.metadata["plan_example"]["sub_goal"]
-    for tool in (python_tool(), local_search_tool(CORPUS_FILE))
-}
-PYTHON_EXAMPLE, _NEGATIVE, QUANTITY, AUTHOR, KENYA_EXAMPLE, _MOUNTAIN = GENERATOR_EXAMPLES
+SUB_GOALS = {name: example["sub_goal"] for name, example in PROMPTS.plan_examples.items()}
+PYTHON_EXAMPLE, _NEGATIVE, QUANTITY, AUTHOR, _DAM, KENYA_EXAMPLE, _MOUNTAIN = WORKED_ANSWERS
 TWO = (PYTHON_EXAMPLE, KENYA_EXAMPLE)
 """The worked answers shipped until session 14 (the views below were measured with them)."""
 _question, _memory, _ = PYTHON_EXAMPLE
@@ -126,6 +123,18 @@ VIEWS = {  # arguments shown, passages, examples, the question as the generator 
 HIDDEN_SUB_GOAL = {"no-sub-goal", "quantity"}
 
 
+def by_tool(memory: Sequence[StepRecord], examples: Sequence[Example]) -> list[Example]:
+    """Return `examples` with the memory's last tool's last, in their own order (sessions 14-24).
+
+    A memory with no tool call keeps the order.
+    """
+    tools = [r.get("tool") for r in memory if r.get("kind") == "action" and r.get("tool")]
+    if not tools:
+        return list(examples)
+    last = tools[-1]
+    return sorted(examples, key=lambda example: any(r.get("tool") == last for r in example[1]))
+
+
 def replayed_memory(
     row: dict[str, Any], k: int, plan: str, corpus: Path = CORPUS_FILE
 ) -> list[dict[str, Any]]:
@@ -160,7 +169,7 @@ async def main(args: argparse.Namespace) -> None:
     rows = json.loads((args.calls or calls).read_text())["rows"]
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     ask = role_call(
-        HFChatModel(policy=policy), None, max_tokens=GENERATOR_MAX_TOKENS, stop=[ANSWER_STOP]
+        HFChatModel(policy=policy), None, max_tokens=PROMPTS.budgets.generator, stop=[ANSWER_STOP]
     )
 
     async def answer(row: dict[str, Any], name: str) -> bool:
@@ -168,13 +177,13 @@ async def main(args: argparse.Namespace) -> None:
         question = read(with_answer_instruction(row["question"]))
         state = {"question": question, "memory": replayed_memory(row, k, plan, args.corpus)}
         # As the generator ordered them when these views were measured (by tool, sessions 14-24).
-        shown = ordered_examples(state["memory"], examples, by_form=False)
+        shown = by_tool(state["memory"], examples)
         messages = memory_prompt(
-            GENERATOR_PROMPT,
+            PROMPTS.generator,
             state,
             shown,
-            arguments=arguments,
-            sub_goals=name not in HIDDEN_SUB_GOAL,
+            view=MemoryView(arguments=arguments, sub_goals=name not in HIDDEN_SUB_GOAL),
+            system=PROMPTS.system,
         )
         reply = await asyncio.to_thread(ask, messages)
         return exact_match(read_answer(closed_reply(reply)).answer, row["reference"]).value == 1

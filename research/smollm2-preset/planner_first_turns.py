@@ -8,7 +8,7 @@ kinds, each with the query analysis the embedded engine writes for it (greedy, o
   local_search's Eiffel Tower), the prompt up to session 11;
 - `tool-first`: the same with `Tool Name:` first (and prefilled), so the choice is the first
   token the policy writes, read straight after the prompt instead of after a copied plan;
-- `shipped`: the prompt in `nodes/prompts.py`: the tool name first, and plan examples about
+- `shipped`: the smollm2 preset's (`nodes/smollm2.py`): the tool name first, and plan examples about
   "the question", so that a copied sub-goal still points the executor at the question.
 It counts, out of all samples: plans that parse and name an enabled tool, the right tool for the
 question's kind, sub-goals copied from a plan example, and sub-goals that
@@ -22,12 +22,11 @@ Run: `python research/smollm2-preset/planner_first_turns.py [questions per kind]
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from flowlearn.evals.cases import with_answer_instruction
@@ -36,10 +35,15 @@ from flowlearn.nodes import planner as planner_module
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
-from flowlearn.nodes.prompts import PLANNER_PROMPT
+from flowlearn.nodes.prompts import Prompts
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import default_tools
+
+PROMPTS = SMOLLM2_PROMPTS
+"""The embedded model's prompt set: the shipped layout, and the base of the others."""
+PLANNER_PROMPT = PROMPTS.planner
 
 FIELDS = (
     "Justification: <why this step is the right one now>\n"
@@ -65,8 +69,8 @@ CONCRETE = {
         "sub_goal": "Find the year the Eiffel Tower was completed.",
     },
 }
-SHIPPED = (PLANNER_PROMPT, planner_module.PLANNER_EXAMPLE, planner_module.PLANNER_REPLY_PREFIX)
-LAYOUTS: dict[str, tuple[str, str, str, dict[str, dict[str, str]] | None]] = {
+SHIPPED = (PLANNER_PROMPT, PROMPTS.plan_example, PROMPTS.planner_reply_prefix)
+LAYOUTS: dict[str, tuple[str, str, str | None, dict[str, dict[str, str]] | None]] = {
     # name: (the prompt, one worked plan, the prefilled first label, plan examples by tool)
     "tool-last": (*TOOL_LAST, CONCRETE),
     "tool-first": (*SHIPPED, CONCRETE),
@@ -75,28 +79,17 @@ LAYOUTS: dict[str, tuple[str, str, str, dict[str, dict[str, str]] | None]] = {
 COPIED = ("eiffel", "12 * 34", "the question's expression", "answers the question")
 
 
-@contextmanager
-def layout(name: str, tools: list[Any]) -> Iterator[list[Any]]:
-    """Render the planner's prompt, examples and prefill in the layout `name`: yields copies of
-    `tools` carrying its plan examples (the shipped tools stay as they are)."""
-    *texts, examples = LAYOUTS[name]
-    saved = [getattr(planner_module, key) for key in _KEYS]
-    shown = [
-        t.model_copy(update={"metadata": {**(t.metadata or {}), "plan_example": examples[t.name]}})
-        if examples and t.name in examples
-        else t
-        for t in tools
-    ]
-    for key, value in zip(_KEYS, texts, strict=True):
-        setattr(planner_module, key, value)
-    try:
-        yield shown
-    finally:
-        for key, value in zip(_KEYS, saved, strict=True):
-            setattr(planner_module, key, value)
-
-
-_KEYS = ("PLANNER_PROMPT", "PLANNER_EXAMPLE", "PLANNER_REPLY_PREFIX")
+def layout(name: str) -> Prompts:
+    """Return the preset with the planner's prompt, worked plan, prefill and plan examples of the
+    layout `name` (None: the preset's own plan examples)."""
+    planner, plan_example, prefix, examples = LAYOUTS[name]
+    return dataclasses.replace(
+        PROMPTS,
+        planner=planner,
+        plan_example=plan_example,
+        planner_reply_prefix=prefix,
+        plan_examples=PROMPTS.plan_examples if examples is None else examples,
+    )
 
 
 def names_question(sub_goal: str, question: str) -> bool:
@@ -123,15 +116,21 @@ async def main(per_kind: int, samples: int) -> None:
     cases = training_questions(per_kind)
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     engine = HFChatModel(policy=policy, max_new_tokens=192)
-    tools = default_tools(engine, corpus=str(CORPUS_FILE))
+    tools = default_tools(
+        engine, corpus=str(CORPUS_FILE), k=PROMPTS.search_k, order=PROMPTS.tool_order
+    )
     catalogue = render_catalogue(tools)
     context = Context(max_turns=1)
     analyses = await asyncio.gather(
-        *[engine.ainvoke(planner_module.analysis_messages(c["question"], tools)) for c in cases]
+        *[
+            engine.ainvoke(planner_module.analysis_messages(c["question"], tools, PROMPTS))
+            for c in cases
+        ]
     )
     sampling = Sampling(temperature=0.7, max_new_tokens=context.planner_max_new_tokens)
 
-    async def first_turn(case: dict[str, Any], analysis: str, tools: list[Any]) -> Counter[str]:
+    async def first_turn(case: dict[str, Any], analysis: str, prompts: Prompts) -> Counter[str]:
+        prefix = prompts.planner_reply_prefix
         messages = planner_module.plan_messages(
             {"question": case["question"]},
             context,
@@ -140,11 +139,12 @@ async def main(per_kind: int, samples: int) -> None:
             tools=catalogue,
             turn=1,
             prefill=True,
+            prompts=prompts,
         )
         gen = await asyncio.to_thread(
-            policy.generate, messages, sampling, **planner_module.plan_stop(policy)
+            policy.generate, messages, sampling, **planner_module.plan_stop(policy, prefix)
         )
-        decision = parse_planner_output(planner_module.with_reply_prefix(gen.text))
+        decision = parse_planner_output(planner_module.with_reply_prefix(gen.text, prefix))
         tool = match_tool_name(decision.tool_name, [t.name for t in tools])
         found: Counter[str] = Counter(samples=1)
         if decision.ok and tool is not None:
@@ -156,13 +156,13 @@ async def main(per_kind: int, samples: int) -> None:
         return found
 
     for name in sys.argv[3:] or LAYOUTS:
-        with layout(name, tools) as shown:
-            jobs = [
-                first_turn(case, str(a.content), shown)
-                for case, a in zip(cases, analyses, strict=True)
-                for _ in range(samples)
-            ]
-            counts = sum(await asyncio.gather(*jobs), Counter())
+        shown = layout(name)
+        jobs = [
+            first_turn(case, str(a.content), shown)
+            for case, a in zip(cases, analyses, strict=True)
+            for _ in range(samples)
+        ]
+        counts = sum(await asyncio.gather(*jobs), Counter())
         total = counts["samples"]
         print(
             f"{name:10}: parsed {counts['parsed']}/{total}, right tool {counts['right tool']}, "

@@ -3,7 +3,8 @@
 Reads saved eval trajectories (`flowlearn eval --save FILE`), takes every verifier follow-up call
 (the second verifier transition of a turn: the reply so far and `Conclusion:`), and asks the
 embedded SmolLM2 engine to choose between " STOP" and " CONTINUE" there by its scores
-(`prompts.VERDICT_CHOICES`, `choices.choice_logprobs`), as the verifier does since session 26.
+(the smollm2 preset's `VERDICT_CHOICES`, `choices.choice_logprobs`), as the verifier does since
+session 26.
 Prints, per file, how the written verdict (STOP, CONTINUE, or none: the reply began a new line)
 meets the chosen one, and the follow-ups with no written verdict.
 
@@ -23,7 +24,10 @@ from typing import Any
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.policies import HFPolicy
 from flowlearn.nodes.policies.choices import choice_logprobs
-from flowlearn.nodes.prompts import VERDICT_CHOICES
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
+
+VERDICT_CHOICES = SMOLLM2_PROMPTS.verdict_choices
+"""The verifier's follow-up choices in the embedded model's prompt set."""
 
 
 def follow_ups(path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:

@@ -40,15 +40,14 @@ from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.planner import analysis_messages
 from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.policies.engine_calls import role_call
-from flowlearn.nodes.prompts import (
-    QUERY_ANALYSIS_MAX_TOKENS,
-    VERIFIER_MAX_TOKENS,
-    VERIFIER_PROMPT,
-)
 from flowlearn.nodes.render import memory_prompt
 from flowlearn.nodes.schema.records import StepRecord
+from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import default_tools
 
+PROMPTS = SMOLLM2_PROMPTS
+"""The embedded model's prompt set: the verifier's and query analysis's templates and budgets."""
+VERIFIER_PROMPT = PROMPTS.verifier
 CALLS = Path(__file__).parent / "results" / "engine_ceiling_example.json"
 STOP_LINE = "Conclusion: STOP    (if the memory is enough to answer)"
 CONTINUE_LINE = "Conclusion: CONTINUE    (if more steps are needed)"
@@ -103,19 +102,21 @@ async def main(views: list[str]) -> None:
     rows = json.loads(CALLS.read_text())["rows"]
     policy = BatchingPolicy(HFPolicy.from_pretrained(None), max_batch_size=16)
     engine = HFChatModel(policy=policy)
-    tools = default_tools(engine, corpus=str(CORPUS_FILE))
-    analyse = role_call(engine, None, max_tokens=QUERY_ANALYSIS_MAX_TOKENS)
-    judge = role_call(engine, None, max_tokens=VERIFIER_MAX_TOKENS)
+    tools = default_tools(
+        engine, corpus=str(CORPUS_FILE), k=PROMPTS.search_k, order=PROMPTS.tool_order
+    )
+    analyse = role_call(engine, None, max_tokens=PROMPTS.budgets.query_analysis)
+    judge = role_call(engine, None, max_tokens=PROMPTS.budgets.verifier)
     questions = [with_answer_instruction(row["question"]) for row in rows]
     analyses = await asyncio.gather(
-        *[asyncio.to_thread(analyse, analysis_messages(q, tools)) for q in questions]
+        *[asyncio.to_thread(analyse, analysis_messages(q, tools, PROMPTS)) for q in questions]
     )
 
     async def verdict(row: dict[str, Any], question: str, analysis: Any, name: str) -> str:
         template, examples, prefill = VIEWS[name]
         memory = replayed_memory(row, 3, "example")[:1]
         state = {"question": question, "analysis": analysis.text, "memory": memory}
-        messages = memory_prompt(template, state, examples)
+        messages = memory_prompt(template, state, examples, system=PROMPTS.system)
         if prefill:
             messages.append({"role": "assistant", "content": prefill})
         reply = await asyncio.to_thread(judge, messages)

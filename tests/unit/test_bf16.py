@@ -177,8 +177,8 @@ def test_dropout_is_off_by_default_and_a_plain_config_keeping_it_is_warned(
 def test_training_loads_full_fine_tuning_in_fp32_after_counting_from_the_config(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    from flowlearn.compose import load_planner, training_spec
     from flowlearn.nodes.policies.loading import parameter_count
-    from flowlearn.training_parts import load_planner, training_spec
 
     flow = FlowGRPOConfig(
         trajectories="unused.jsonl", planner=str(tiny_model_dir), output_dir=str(tmp_path)

@@ -15,9 +15,9 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from flowlearn.compose import load_local_models
 from flowlearn.nodes.policies import loading
 from flowlearn.nodes.policies.loading import load_model_and_tokenizer, untrained_twin
-from flowlearn.nodes.policies.local_models import load_local_models
 
 BENCH = Path(__file__).parents[2] / "research" / "default-planner"
 

@@ -12,7 +12,7 @@ import pytest
 
 from flowlearn.evals.harness import read_results
 from flowlearn.evals.runner import run_resumable
-from flowlearn.nodes.files import JsonlFile, save_atomically, write_atomically
+from flowlearn.files import JsonlFile, save_atomically, write_atomically
 
 
 def test_a_torn_last_line_is_cut_before_the_next_append_and_restarts_stay_intact(

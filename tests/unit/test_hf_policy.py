@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from flowlearn.nodes.policies import BatchingPolicy, load_local_models
+from flowlearn.compose import load_local_models
+from flowlearn.nodes.policies import BatchingPolicy
 from flowlearn.nodes.policies.hf import HFPolicy
 from flowlearn.nodes.policies.loading import (
     ModelNotFoundError,

@@ -118,12 +118,14 @@ def test_resume_with_other_rollout_settings_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"max_turns 2, now 3; temperature 0\.7, now 0\.5"):
         check_run(flow_config(out, temperature=0.5), resuming=True)
     assert check_run(flow_config(out, max_turns=2), resuming=True) == run_id
-    with pytest.raises(ValueError, match="query_analysis False, now True"):
+    with pytest.raises(ValueError, match="query_analysis None, now True"):
         check_run(flow_config(out, max_turns=2, query_analysis=True), resuming=True)
+    with pytest.raises(ValueError, match="prompts None, now 'agentflow'"):
+        check_run(flow_config(out, max_turns=2, prompts="agentflow"), resuming=True)
     record = json.loads((out / "run.json").read_text())
     del record["rollout_settings"]["query_analysis"]  # a run recorded before the setting
     (out / "run.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="query_analysis True, now False"):  # it was always on
+    with pytest.raises(ValueError, match="query_analysis True, now None"):  # it was always on
         check_run(flow_config(out, max_turns=2), resuming=True)
 
 
@@ -134,6 +136,12 @@ def test_max_completion_length_is_the_planners_budget() -> None:
 
     args = flow_config(Path("unused"), max_completion_length=16)
     with pytest.raises(ValueError, match="max_completion_length 16 differs from the planner's"):
-        check_settings(args, Context(planner_max_new_tokens=12), 99, offline=False)
-    check_settings(args, Context(planner_max_new_tokens=16), 99, offline=False)
-    check_settings(args, Context(planner_max_new_tokens=12), 99, offline=True)  # no rollouts
+        check_settings(
+            args, Context(planner_max_new_tokens=12, planner_temperature=0.7), 99, offline=False
+        )
+    check_settings(
+        args, Context(planner_max_new_tokens=16, planner_temperature=0.7), 99, offline=False
+    )
+    check_settings(
+        args, Context(planner_max_new_tokens=12, planner_temperature=0.7), 99, offline=True
+    )  # no rollouts

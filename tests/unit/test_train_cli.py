@@ -228,8 +228,8 @@ def test_training_names_are_checked_by_the_root_before_any_model_loads(
 def test_the_live_planner_and_the_frozen_base_share_one_model_lock(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    from flowlearn.compose import build_training_parts
     from flowlearn.training.trainer import FlowGRPOTrainer
-    from flowlearn.training_parts import build_training_parts
 
     flags = ["--planner", str(tiny_model_dir), "--benchmark", "gameof24", "--limit", "2"]
     flags += ["--num_generations", "2", "--questions-per-step", "1", "--max-turns", "1"]

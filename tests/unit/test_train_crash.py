@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flowlearn.nodes.files import save_atomically
+from flowlearn.files import save_atomically
 from flowlearn.training.run import last_complete_checkpoint
 
 pytest.importorskip("trl")

@@ -266,8 +266,8 @@ def test_vllm_policy_fails_alone_a_completion_without_logprobs(tiny_model_dir: P
 def test_vllm_missing_is_a_usage_error_before_any_model_loads(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    from flowlearn.compose import build_training_parts
     from flowlearn.flow_setup import UsageError
-    from flowlearn.training_parts import build_training_parts
 
     data = tmp_path / "cases.jsonl"
     data.write_text(json.dumps({"id": "q", "query": "What is 1 + 1?", "reference": "2"}) + "\n")

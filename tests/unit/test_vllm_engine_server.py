@@ -147,7 +147,7 @@ def test_vllm_engine_server_cli_refusals(
 
 
 def test_vllm_engine_server_tokenizer_must_load(tmp_path: Path) -> None:
-    from flowlearn.served_models import ServedNameError, server_engine
+    from flowlearn.compose import ServedNameError, server_engine
 
     with pytest.raises(ServedNameError, match="its tokenizer does not load here"):
         server_engine("http://h:1/v1", str(tmp_path))

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowlearn.nodes.files import save_atomically
+from flowlearn.errors import AdapterError
+from flowlearn.files import save_atomically
 from flowlearn.nodes.policies.server import ServerPolicy
-from flowlearn.nodes.secrets import redact, remember, url_secrets
+from flowlearn.secrets import redact, remember, url_secrets
 from flowlearn.training.rows import FlowGRPORow
 from flowlearn.training.vllm.correction import correct_stale_rows
 
@@ -41,10 +42,6 @@ START_HINT = (
     "start it as `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve BASE --enable-lora "
     "--max-lora-rank R --logprobs-mode processed_logprobs`"
 )
-
-
-class AdapterError(RuntimeError):
-    """The planner server could not take an adapter; the message says why and what to change."""
 
 
 def adapter_name(run_id: str | None, step: int) -> str:

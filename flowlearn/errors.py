@@ -1,0 +1,48 @@
+"""The errors flowlearn raises on purpose: one base, and a few kinds the CLI turns into messages.
+
+Each also derives from the built-in error it has always been (`ValueError`, `RuntimeError`), so
+code that caught those keeps working. `flowlearn` exits 2 on a `UsageError` (the command line
+or a config names something that is not there) and 1 on any other `FlowlearnError`, printing
+its message (secrets redacted) instead of a traceback.
+"""
+
+from __future__ import annotations
+
+
+class FlowlearnError(Exception):
+    """Base of every error flowlearn raises on purpose; its message says what to fix."""
+
+
+class UsageError(FlowlearnError, ValueError):
+    """A bad name, option or setting; the CLI prints it and exits with status 2."""
+
+
+class ModelNotFoundError(FlowlearnError, RuntimeError):
+    """No model could be found where the user (or the default) pointed."""
+
+
+class SandboxUnavailableError(FlowlearnError, RuntimeError):
+    """The host cannot isolate the `python` tool's code; the message says why and what to do."""
+
+
+class ServerError(FlowlearnError, RuntimeError):
+    """A generation server answered with an error status; `status_code` tells retries what it was.
+
+    The caller redacts the message (a 401 body may echo the bearer token).
+    """
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(f"generation server answered {status_code}: {message}")
+        self.status_code = status_code
+
+
+class TransientEngineError(FlowlearnError):
+    """A transient model error that outlasted its retries; `__cause__` is the last one raised."""
+
+
+class TransientSearchError(FlowlearnError):
+    """A web search failure worth retrying: rate limit, timeout, connection or server error."""
+
+
+class AdapterError(FlowlearnError, RuntimeError):
+    """The planner server could not take an adapter; the message says why and what to change."""
