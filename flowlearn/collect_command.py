@@ -6,9 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flowlearn.compose import build_flow
+from flowlearn.compose import build_flow, load_work
 from flowlearn.errors import UsageError
-from flowlearn.eval_command import cases_and_scorer
 from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.scorers import SCORERS
 from flowlearn.flow_setup import add_flow_options, context_from_args, spec_from_args
@@ -60,8 +59,11 @@ def collect_command(args: argparse.Namespace) -> int:
     if args.out.suffix != ".jsonl":
         raise UsageError(f"--out {args.out} must be a .jsonl file")
     spec = spec_from_args(args)
-    name, cases, scorer, _ = cases_and_scorer(args, spec)
+    name, cases, scorer, _ = load_work(
+        spec, benchmark=args.benchmark, data=args.data, scorer=args.scorer, limit=args.limit
+    )
     flow = build_flow(spec, context_from_args(args))
+    print(flow.settings())
     extra = {"format_penalty": format_penalty(args.format_penalty)} if args.format_penalty else {}
     trajectories = collect(
         flow.graph,

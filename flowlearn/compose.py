@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,10 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
 
 from flowlearn.errors import UsageError
-from flowlearn.evals.benchmarks import BENCHMARKS
+from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
+from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import CaseScorer
+from flowlearn.evals.tasks import load_cases_and_scorer
 from flowlearn.graphs import InputState, State, build_agentflow
 from flowlearn.nodes.policies import (
     BASE_SOURCE,
@@ -36,10 +40,8 @@ from flowlearn.nodes.policies import (
     Policy,
     ServerChatModel,
     ServerPolicy,
-    load_model_and_tokenizer,
     untrained_twin,
 )
-from flowlearn.nodes.policies.loading import parameter_count, pick_device_and_dtype
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Budgets, Prompts, runs_analysis
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
@@ -346,6 +348,39 @@ def load_chat_model(name: str, spec: FlowSpec, *, max_new_tokens: int = 256) -> 
     return HFChatModel(policy=policy, max_new_tokens=max_new_tokens)
 
 
+def load_work(
+    spec: FlowSpec,
+    *,
+    benchmark: str | None,
+    data: str | Path | None,
+    scorer: str | None,
+    limit: int | None,
+    judge: str | None = None,
+) -> tuple[str, list[Case], CaseScorer, Benchmark | None]:
+    """Resolve a benchmark or data file, a limit and a scorer (or a judge model) into work.
+
+    The one resolution `eval`, `collect` and training share. Returns the work's name, its
+    cases, their scorer and the registered `Benchmark` (None for a data file).
+
+    Raises:
+        UsageError: bad options or an unreadable data file, saying which.
+
+    """
+    try:
+        cases, score = load_cases_and_scorer(
+            benchmark=benchmark,
+            data=data,
+            scorer=scorer,
+            limit=limit,
+            judge=partial(load_chat_model, judge, spec) if judge else None,
+            data_dir=spec.benchmarks_dir,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    name = benchmark or Path(str(data)).stem
+    return name, cases, score, BENCHMARKS.get(benchmark or "")
+
+
 # Local models ------------------------------------------------------------------------------
 
 
@@ -496,16 +531,27 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
         UsageError: a bad name, or a model that cannot be found, with how to fix it.
 
     """
-    from flowlearn.training.run import TrainingParts, cases_and_scorer
+    from flowlearn.training.model import load_planner, with_lora
+    from flowlearn.training.run import TrainingParts
     from flowlearn.training.vllm.settings import require_vllm
 
     spec = training_spec(config)
     check_names(spec, tools=config.tools, benchmark=config.benchmark, data=config.data)
     try:
         require_vllm(config)  # use_vllm: vLLM is there, before any model loads
-        data = None if config.trajectories else cases_and_scorer(config, spec.benchmarks_dir)
+        data = None
+        if not config.trajectories:  # a data file with no scorer is scored by exact match
+            scorer = config.scorer or (None if config.benchmark else "exact_match")
+            _, cases, score, _ = load_work(
+                spec,
+                benchmark=config.benchmark,
+                data=config.data,
+                scorer=scorer,
+                limit=config.limit,
+            )
+            data = (cases, score)
         device = "cpu" if config.use_cpu else None  # None: CUDA when available
-        model, tokenizer, lora = load_planner(config, spec, device)
+        model, tokenizer, lora = load_planner(config, spec.planner, spec.cache_dir, device)
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
     if lora:
@@ -551,40 +597,3 @@ def training_engine(
         max_new_tokens=spec.prompt_set().budgets.engine,
         fixed_max_new_tokens=config.engine_max_new_tokens,
     )
-
-
-def load_planner(
-    config: FlowGRPOConfig, spec: FlowSpec, device: str | None
-) -> tuple[Any, Any, bool]:
-    """Load the planner in the precision its training wants; return it, its tokenizer, `lora`.
-
-    Full fine-tuning loads fp32: the master weights come straight from the checkpoint, and
-    `bf16` makes the compute bf16 under autocast. Under LoRA the frozen base loads as for
-    inference (bf16 on CUDA) and PEFT keeps the adapter fp32. `lora` unset means on above 1B
-    parameters, counted from the config before loading; a GGUF file (whose header costs
-    about as much to read as a load) loads fp32 first and, under LoRA, casts its base down.
-    """
-    lora = config.lora
-    if lora is None and not str(spec.planner).endswith(".gguf"):
-        lora = parameter_count(spec.planner, spec.cache_dir) > 1e9
-    model, tokenizer = load_model_and_tokenizer(
-        spec.planner, device=device, dtype=None if lora else "float32", cache_dir=spec.cache_dir
-    )
-    if lora is None:
-        lora = model.num_parameters() > 1e9
-        if lora:
-            model.to(pick_device_and_dtype(device, None)[1])
-    return model, tokenizer, bool(lora)
-
-
-def with_lora(model: Any, config: FlowGRPOConfig) -> Any:
-    """Wrap `model` in a LoRA adapter on all linear layers (peft)."""
-    from peft import LoraConfig, get_peft_model
-
-    adapter = LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        target_modules="all-linear",
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, adapter)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from flowlearn.compose import FlowSpec, build_flow, load_chat_model
+from flowlearn.compose import build_flow, load_work
 from flowlearn.errors import UsageError
-from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
-from flowlearn.evals.cases import Case
+from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.harness import run_eval
 from flowlearn.evals.reports import write_reports
-from flowlearn.evals.scorers import SCORERS, CaseScorer
-from flowlearn.evals.tasks import load_cases_and_scorer
+from flowlearn.evals.scorers import SCORERS
 from flowlearn.flow_setup import add_flow_options, context_from_args, spec_from_args
 
 
@@ -54,8 +51,16 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.save is not None and args.save.is_dir():
         raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
     spec = spec_from_args(args)
-    name, cases, scorer, bench = cases_and_scorer(args, spec)
+    name, cases, scorer, bench = load_work(
+        spec,
+        benchmark=args.benchmark,
+        data=args.data,
+        scorer=args.scorer,
+        limit=args.limit,
+        judge=args.judge,
+    )
     flow = build_flow(spec, context_from_args(args))
+    print(flow.settings())
     out = args.out or Path("runs") / f"eval-{name}"
     results = run_eval(
         flow.graph,
@@ -80,25 +85,3 @@ def eval_command(args: argparse.Namespace) -> int:
     )
     print(f"reports: {out / 'report.json'}, {out / 'report.md'}, {out / 'report.png'}")
     return 0
-
-
-def cases_and_scorer(
-    args: argparse.Namespace, spec: FlowSpec
-) -> tuple[str, list[Case], CaseScorer, Benchmark | None]:
-    """Resolve --benchmark/--data, --limit, --scorer and --judge into cases and a scorer.
-
-    Returns the name, the cases, the scorer and the Benchmark (or None for --data).
-    """
-    judge = getattr(args, "judge", None)
-    try:
-        cases, scorer = load_cases_and_scorer(
-            benchmark=args.benchmark,
-            data=args.data,
-            scorer=args.scorer,
-            limit=args.limit,
-            judge=partial(load_chat_model, judge, spec) if judge else None,
-            data_dir=spec.benchmarks_dir,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    return args.benchmark or args.data.stem, cases, scorer, BENCHMARKS.get(args.benchmark)

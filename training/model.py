@@ -26,6 +26,12 @@ from typing import Any
 
 import torch
 
+from flowlearn.nodes.policies.loading import (
+    load_model_and_tokenizer,
+    parameter_count,
+    pick_device_and_dtype,
+)
+
 logger = logging.getLogger(__name__)
 
 
@@ -182,3 +188,41 @@ def recompute_old_logps(trainer: Any, tensors: dict[str, Any]) -> None:
         gap = (tensors["old_per_token_logps"] - recomputed).abs()[mask].mean()
         trainer._metrics["train"]["flow/old_logprob_gap"].append(float(gap))
     tensors["old_per_token_logps"] = recomputed.to(tensors["old_per_token_logps"].dtype)
+
+
+def load_planner(
+    config: Any, source: str, cache_dir: str | None, device: str | None
+) -> tuple[Any, Any, bool]:
+    """Load the planner in the precision its training wants; return it, its tokenizer, `lora`.
+
+    Full fine-tuning loads fp32: the master weights come straight from the checkpoint, and
+    `bf16` makes the compute bf16 under autocast. Under LoRA the frozen base loads as for
+    inference (bf16 on CUDA) and PEFT keeps the adapter fp32. `config.lora` unset means on
+    above 1B parameters, counted from the config before loading; a GGUF file (whose header
+    costs about as much to read as a load) loads fp32 first and, under LoRA, casts its base
+    down.
+    """
+    lora = config.lora
+    if lora is None and not str(source).endswith(".gguf"):
+        lora = parameter_count(source, cache_dir) > 1e9
+    model, tokenizer = load_model_and_tokenizer(
+        source, device=device, dtype=None if lora else "float32", cache_dir=cache_dir
+    )
+    if lora is None:
+        lora = model.num_parameters() > 1e9
+        if lora:
+            model.to(pick_device_and_dtype(device, None)[1])
+    return model, tokenizer, bool(lora)
+
+
+def with_lora(model: Any, config: Any) -> Any:
+    """Wrap `model` in a LoRA adapter of `config.lora_r`/`lora_alpha` on all linear layers."""
+    from peft import LoraConfig, get_peft_model
+
+    adapter = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, adapter)

@@ -33,7 +33,6 @@ from langchain_core.tools import BaseTool
 
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
-from flowlearn.evals.tasks import load_cases_and_scorer
 from flowlearn.files import save_atomically, write_text_atomically
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
@@ -193,19 +192,6 @@ def start_run(trainer: Any, config: FlowGRPOConfig, *, resuming: bool) -> str:
     if isinstance(trainer.source, Rollouts):
         trainer.source.run_id = run_id
     return run_id
-
-
-def cases_and_scorer(
-    config: FlowGRPOConfig, data_dir: str | None = None
-) -> tuple[list[Case], CaseScorer]:
-    """Return the config's cases and scorer (a data file with no scorer gets exact match)."""
-    return load_cases_and_scorer(
-        benchmark=config.benchmark,
-        data=config.data,
-        scorer=config.scorer or (None if config.benchmark else "exact_match"),
-        limit=config.limit,
-        data_dir=data_dir,
-    )
 
 
 def save_final(trainer: Any, tokenizer: Any, folder: Path, *, merge: bool) -> Path:

@@ -177,14 +177,15 @@ def test_dropout_is_off_by_default_and_a_plain_config_keeping_it_is_warned(
 def test_training_loads_full_fine_tuning_in_fp32_after_counting_from_the_config(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from flowlearn.compose import load_planner, training_spec
+    from flowlearn.compose import training_spec
     from flowlearn.nodes.policies.loading import parameter_count
+    from flowlearn.training.model import load_planner
 
     flow = FlowGRPOConfig(
         trajectories="unused.jsonl", planner=str(tiny_model_dir), output_dir=str(tmp_path)
     )
-    model, _, lora = load_planner(flow, training_spec(flow), "cpu")
+    model, _, lora = load_planner(flow, training_spec(flow).planner, None, "cpu")
     assert parameter_count(tiny_model_dir) == model.num_parameters()  # weights never loaded
     assert lora is False and model.dtype == torch.float32  # full fine-tuning: fp32 weights
     flow.lora = True
-    assert load_planner(flow, training_spec(flow), "cpu")[2] is True
+    assert load_planner(flow, training_spec(flow).planner, None, "cpu")[2] is True

@@ -152,9 +152,9 @@ def test_eval_cli_with_tiny_model(
 def test_token_f1_is_reachable_from_eval_collect_and_training(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    from flowlearn.compose import FlowSpec, load_work
     from flowlearn.training import TrajectoryStore
     from flowlearn.training.config import FlowGRPOConfig
-    from flowlearn.training.run import cases_and_scorer
 
     data = tmp_path / "cases.jsonl"
     data.write_text(json.dumps({"id": "1", "question": "Capital of France?", "answer": "Paris"}))
@@ -173,7 +173,9 @@ def test_token_f1_is_reachable_from_eval_collect_and_training(
     config = FlowGRPOConfig(
         data=str(data), scorer="token_f1", output_dir=str(tmp_path / "train"), use_cpu=True
     )
-    cases, scorer = cases_and_scorer(config)
+    _, cases, scorer, _ = load_work(
+        FlowSpec(), benchmark=None, data=config.data, scorer=config.scorer, limit=None
+    )
     assert scorer("paris, France", cases[0]).value == pytest.approx(2 / 3)
 
 
