@@ -51,7 +51,7 @@ def test_planner_first_visit_analyses_then_plans() -> None:
     assert analysis["node"] == "query_analysis"
     assert turn["node"] == "planner" and turn["parse_status"] == "ok"
     assert turn["completion_ids"] and len(turn["logprobs"]) == len(turn["completion_ids"])
-    assert turn["sampling"]["temperature"] == 0.7
+    assert turn["sampling"]["temperature"] == 0.0  # greedy by default, as AgentFlow infers
     assert "add: Add two integers." in policy.calls[0][-1]["content"]
 
 

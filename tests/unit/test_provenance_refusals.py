@@ -76,8 +76,12 @@ def vllm_reply(request: Recorded) -> Reply:
 def test_the_server_policy_records_processed_logprobs_and_training_refuses_them() -> None:
     with stand_in_server(vllm_reply) as server:
         policy = ServerPolicy(f"{server.url}/v1", "tiny", api_key_env=None)
-        nucleus = policy.generate([{"role": "user", "content": "hi"}], Sampling(top_p=0.9))
-        full = policy.generate([{"role": "user", "content": "hi"}], Sampling(top_p=1.0))
+        nucleus = policy.generate(
+            [{"role": "user", "content": "hi"}], Sampling(temperature=0.7, top_p=0.9)
+        )
+        full = policy.generate(
+            [{"role": "user", "content": "hi"}], Sampling(temperature=0.7, top_p=1.0)
+        )
         policy.close()
     assert nucleus.sampling["logprobs_mode"] == "processed" and nucleus.token_faithful
 
