@@ -42,7 +42,13 @@ from flowlearn.nodes.policies import (
     ServerPolicy,
     untrained_twin,
 )
-from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Budgets, Prompts, runs_analysis
+from flowlearn.nodes.prompts import (
+    AGENTFLOW_PROMPTS,
+    Budgets,
+    Prompts,
+    recorded_prompts,
+    runs_analysis,
+)
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, Isolation, default_tools
@@ -129,11 +135,24 @@ class FlowSpec:
     def prompt_set(self) -> Prompts:
         """Return the flow's prompts: the named set, else the embedded model's or AgentFlow's.
 
-        The smollm2 preset is chosen when the planner (not served) or the engine is the
-        embedded default: it is what the shipped planner was trained with.
+        A planner folder that `flowlearn train` wrote names the set it was trained under
+        (`PROMPTS_RECORD`). Otherwise the smollm2 preset is chosen when the planner (not
+        served) or the engine is the embedded default: it is what the shipped planner was
+        trained with.
         """
         if self.prompts is not None:
             return PROMPT_SETS[self.prompts]
+        try:  # a planner trained here keeps the prompts it was trained under
+            trained = None if self.planner_url else recorded_prompts(self.planner)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        if trained is not None:
+            if trained not in PROMPT_SETS:
+                raise UsageError(
+                    f"{self.planner} was trained under the prompt set {trained!r}, which is not "
+                    f"one of {sorted(PROMPT_SETS)}; name one with --prompts"
+                )
+            return PROMPT_SETS[trained]
         embedded = {*DEFAULT_SOURCES, BASE_SOURCE}
         planner = None if self.planner_url else self.planner.lower()
         engine = (self.engine or ("" if self.engine_url else self.planner)).lower()
@@ -403,22 +422,12 @@ def load_local_models(
     batch_size: int = 1,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> LocalModels:
-    """Load the planner and the engine by name.
+    """Load the planner and the engine by name ("default", a hub id, a folder or a .gguf).
 
-    Args:
-        planner: "default" (the embedded SmolLM2-135M-Instruct), a hub id, a folder or a .gguf.
-        engine: the engine's model; None: the planner's (for the default planner, the embedded
-            model without its trained adapter: `default-base`). When both name the same source
-            they share one model in memory.
-        device: "cpu", "cuda", ...; None picks CUDA when available.
-        dtype: a torch dtype name; None picks bf16 on CUDA and fp32 on CPU.
-        engine_max_new_tokens: the engine's token budget for every call; None: each role's
-            own (`Prompts.budgets`: the executor's, verifier's, generator's, ...).
-        engine_budget: the budget of an engine call that names none (the tools' calls).
-        batch_size: above 1, concurrent calls (from concurrent rollouts or eval cases) are
-            decoded together by a `BatchingPolicy` of that size.
-        cache_dir: where the converted default model is kept (see `loading.cache_dir`).
-
+    An unset `engine` is the planner's model untrained (`default-base` for the default); two
+    of the same source share one copy in memory. `engine_max_new_tokens` is every engine
+    call's budget (None: each role's own), `engine_budget` that of a call that names none.
+    Above 1, `batch_size` decodes concurrent calls together (`BatchingPolicy`).
     """
     engine_source = engine or untrained_twin(planner)  # the default engine is never trained
 
@@ -463,12 +472,7 @@ def served_tokenizer(name: str) -> Any:
 
 
 def server_planner(url: str, model: str) -> ServerPolicy:
-    """Return the planner on the server at `url`, serving `model`.
-
-    When the model's tokenizer loads here, the chat template is applied here and prompts go to
-    the server as token ids; otherwise the server renders them. Either way the transitions
-    carry the ids the server returns.
-    """
+    """Return the planner served at `url` as `model`; prompts render here if its tokenizer loads."""
     return ServerPolicy(url, model, tokenizer=served_tokenizer(model))
 
 
@@ -524,12 +528,8 @@ def training_spec(config: FlowGRPOConfig) -> FlowSpec:
 def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     """Check every name, then load the planner (LoRA-wrapped when asked), engine, tools, data.
 
-    LoRA wraps the planner here, so the frozen base can serve as the engine (`engine: base`);
-    TRL then sees a PeftModel.
-
-    Raises:
-        UsageError: a bad name, or a model that cannot be found, with how to fix it.
-
+    LoRA wraps the planner here, so the frozen base can serve as the engine (`engine: base`).
+    Raises `UsageError`: a bad name, or a model that cannot be found, with how to fix it.
     """
     from flowlearn.training.model import load_planner, with_lora
     from flowlearn.training.run import TrainingParts
@@ -558,9 +558,9 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
         model = with_lora(model, config)
     handle = ModelHandle(model, tokenizer)  # the live planner and the frozen base share its lock
     parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
+    parts.prompts = spec.prompt_set()
     if data is None:
         return parts
-    parts.prompts = spec.prompt_set()
     parts.engine = training_engine(config, spec, handle, device)
     parts.tools = build_tools(spec, parts.engine, parts.prompts)
     parts.cases, parts.scorer = data

@@ -19,9 +19,11 @@ wording. Where they depart, the line says why:
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -331,6 +333,34 @@ def check_template(role: str, template: object, allowed: frozenset[str]) -> None
 
 AGENTFLOW_PROMPTS = Prompts(name="agentflow")
 """AgentFlow's flow: the paper's prompts and order, a query analysis, budgets for real models."""
+
+
+PROMPTS_RECORD = "flowlearn_prompts.json"
+"""The file in a trained model folder that names the prompt set it was trained under."""
+
+
+def write_prompts_record(folder: Path, prompts: Prompts) -> None:
+    """Name, in a trained model's `folder`, the prompt set it was trained under."""
+    (folder / PROMPTS_RECORD).write_text(json.dumps({"prompts": prompts.name}) + "\n")
+
+
+def recorded_prompts(model: str) -> str | None:
+    """Return the prompt set a local model folder says it was trained under, or None.
+
+    Raises:
+        ValueError: a record that is not one, naming the file.
+
+    """
+    path = Path(model).expanduser() / PROMPTS_RECORD
+    if not path.is_file():
+        return None
+    try:
+        name = json.loads(path.read_text(encoding="utf-8"))["prompts"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} does not name a prompt set ({exc}); fix or remove it") from None
+    if not isinstance(name, str):
+        raise ValueError(f"{path} does not name a prompt set (got {name!r}); fix or remove it")
+    return name
 
 
 def runs_analysis(context: Context, prompts: Prompts) -> bool:

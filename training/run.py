@@ -35,7 +35,7 @@ from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.files import save_atomically, write_text_atomically
 from flowlearn.nodes.policies.handle import ModelHandle
-from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, write_prompts_record
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.rollouts import Rollouts, format_penalty, new_run_id
 from flowlearn.training.rows import StepCredit
@@ -144,7 +144,8 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
         )
         start_run(trainer, config, resuming=config.resume or resume_from is not None)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    return save_final(trainer, parts.tokenizer, out / "final", merge=parts.lora)
+    final = out / "final"
+    return save_final(trainer, parts.tokenizer, final, merge=parts.lora, prompts=parts.prompts)
 
 
 def resume_point(config: FlowGRPOConfig) -> Path | None:
@@ -194,10 +195,14 @@ def start_run(trainer: Any, config: FlowGRPOConfig, *, resuming: bool) -> str:
     return run_id
 
 
-def save_final(trainer: Any, tokenizer: Any, folder: Path, *, merge: bool) -> Path:
+def save_final(
+    trainer: Any, tokenizer: Any, folder: Path, *, merge: bool, prompts: Prompts | None = None
+) -> Path:
     """Save the trained policy as a plain model folder (LoRA merged into its base), atomically.
 
-    Under `accelerate launch` only the main process writes; the others wait for it.
+    With `prompts`, the folder names the prompt set it was trained under, so `flowlearn run`
+    and `eval` serve it with the same (`nodes.prompts.PROMPTS_RECORD`). Under `accelerate
+    launch` only the main process writes; the others wait for it.
     """
     accelerator = trainer.accelerator
     accelerator.wait_for_everyone()
@@ -210,6 +215,8 @@ def save_final(trainer: Any, tokenizer: Any, folder: Path, *, merge: bool) -> Pa
         def save(staging: Path) -> None:
             model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
+            if prompts is not None:
+                write_prompts_record(staging, prompts)
 
         save_atomically(folder, save)
     accelerator.wait_for_everyone()

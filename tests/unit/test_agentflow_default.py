@@ -124,6 +124,20 @@ def test_the_composition_root_applies_the_preset_to_the_embedded_model(
     assert FlowSpec(**spec).prompt_set() is PROMPT_SETS[expected]
 
 
+def test_a_trained_planner_keeps_the_prompt_set_it_was_trained_under(tmp_path: Path) -> None:
+    from flowlearn.nodes.prompts import PROMPTS_RECORD, write_prompts_record
+
+    write_prompts_record(tmp_path, SMOLLM2_PROMPTS)
+    assert FlowSpec(planner=str(tmp_path)).prompt_set() is SMOLLM2_PROMPTS
+    assert FlowSpec(planner=str(tmp_path), prompts="agentflow").prompt_set() is AGENTFLOW_PROMPTS
+    (tmp_path / PROMPTS_RECORD).write_text('{"prompts": "tiny-tuned"}')
+    with pytest.raises(UsageError, match="trained under the prompt set 'tiny-tuned'"):
+        FlowSpec(planner=str(tmp_path)).prompt_set()
+    (tmp_path / PROMPTS_RECORD).write_text("not json")
+    with pytest.raises(UsageError, match=f"{PROMPTS_RECORD} does not name a prompt set"):
+        FlowSpec(planner=str(tmp_path)).prompt_set()
+
+
 def test_an_unknown_prompt_set_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match=r"unknown prompt set 'smollm'.*agentflow"):
         FlowSpec(prompts="smollm")
