@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from flowlearn.nodes.policies.loading import DEFAULT_MODEL_NAME, SHIPPED_ADAPTER
+from flowlearn.engine.loading import DEFAULT_MODEL_NAME, SHIPPED_ADAPTER
 
 WEIGHTS = "adapter_model.safetensors"
 ROOT = Path(__file__).resolve().parents[2]

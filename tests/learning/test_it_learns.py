@@ -91,13 +91,13 @@ pytest.importorskip("trl")
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl.trainer.grpo_config import GRPOConfig
 
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.evals.benchmarks import score_case
 from flowlearn.evals.cases import Case
 from flowlearn.evals.harness import run_eval
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 from flowlearn.nodes.tools import local_search_tool, python_tool
 from flowlearn.training.trainer import FlowGRPOTrainer
 from learning.task import (

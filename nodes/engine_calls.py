@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph.types import RetryPolicy
 
-from flowlearn.nodes.messages import to_langchain
+from flowlearn.engine.chat import to_langchain
+from flowlearn.engine.sampling import Messages
 from flowlearn.nodes.retry import engine_error, retrying
-from flowlearn.nodes.schema.sampling import Messages
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
