@@ -230,7 +230,7 @@ class HFChatModel(BaseChatModel):
     generated token, the last of which completes the stop string.
 
     A call given `choice` (a list of strings, as vLLM's structured outputs name it) replies with
-    one of them, the likeliest by the model's scores or sampled at a temperature (`choices`);
+    one of them, the likeliest by the model's scores or sampled at a temperature (`local.choose`);
     nothing is generated, so budget and stop strings do not apply, and tools are an error.
     """
 

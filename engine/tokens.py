@@ -31,9 +31,9 @@ class ModelHandle:
     Policies over one model (the trained planner, its batching wrapper, the frozen base serving
     as engine with the LoRA adapter switched off) are built on one handle and so share its
     lock: the adapter switch is global to the model, so they must never run at once. The lock
-    is re-entrant, so a caller may hold it around a call. Build a second policy
-    over a model with `HFPolicy.on(policy.handle)`; a policy built from the bare model gets a
-    handle, and a lock, of its own.
+    is re-entrant, so a caller may hold it around a call. Build a second policy over a model
+    with `HFPolicy.on(policy.handle)`; a policy built from the bare model gets a handle, and a
+    lock, of its own.
     """
 
     model: Any

@@ -73,7 +73,7 @@ def role_call(
     settings: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
     if stop:
         settings["stop"] = list(stop)
-    if choice:  # the reply is one of these, the likeliest (`HFChatModel`, `choices`)
+    if choice:  # the reply is one of these, the likeliest (`HFChatModel`, `engine.local.choose`)
         settings["choice"] = list(choice)
     bound = engine.bind(**settings)
 
