@@ -15,8 +15,8 @@ import time
 import torch
 from transformers.cache_utils import DynamicCache
 
-from flowlearn.nodes.policies.kv_cache import appending_cache
-from flowlearn.nodes.policies.loading import load_model_and_tokenizer
+from flowlearn.engine.kv_cache import appending_cache
+from flowlearn.engine.loading import load_model_and_tokenizer
 
 
 def main() -> None:

@@ -34,10 +34,10 @@ import torch
 from gpu_checks import QWEN25_05B, TINY, model, peak_gib, reset_peak, tokenizer, weights_move
 from trl import GRPOConfig, GRPOTrainer
 
+from flowlearn.engine.scripted import ScriptedChatModel as FakeChatModel
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context
-from flowlearn.nodes.policies.scripted import ScriptedChatModel as FakeChatModel
 from flowlearn.nodes.prompts import PLANNER_PROMPT
 from flowlearn.nodes.tools import python_tool
 from flowlearn.training.trainer import FlowGRPOTrainer, read_metrics
@@ -184,7 +184,7 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
 
 def run_rollouts(args: argparse.Namespace, tok: Any, device: str, dtype: Any) -> dict:
     """bench/rollouts.py's comparison on this model: N flows batched vs one at a time."""
-    from flowlearn.nodes.policies.hf import HFPolicy
+    from flowlearn.engine.local import HFPolicy
 
     policy = HFPolicy(model(args.shape, tok, device, dtype), tok, version="random-qwen2.5-0.5b")
     return rollouts.compare(policy, args.flows, args.rollout_tokens)

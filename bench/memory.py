@@ -51,8 +51,8 @@ def micro_arm(rows: int, per_device: int, args: argparse.Namespace) -> dict[str,
     from trl import GRPOConfig
     from update import groups
 
+    from flowlearn.engine.loading import load_model_and_tokenizer
     from flowlearn.graphs import Context
-    from flowlearn.nodes.policies.loading import load_model_and_tokenizer
     from flowlearn.training.trainer import FlowGRPOTrainer
 
     model, tokenizer = load_model_and_tokenizer(args.planner)
@@ -142,8 +142,8 @@ def run_arm(arm: str, args: argparse.Namespace) -> int:
     sys.path.insert(0, str(HERE))
     from update import config, groups, prepare, stock_advantages, update
 
+    from flowlearn.engine.loading import load_model_and_tokenizer
     from flowlearn.graphs import Context
-    from flowlearn.nodes.policies.loading import load_model_and_tokenizer
     from flowlearn.training.trainer import FlowGRPOTrainer, unused_reward
 
     model, tokenizer = load_model_and_tokenizer(args.planner)

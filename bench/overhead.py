@@ -15,11 +15,11 @@ from pathlib import Path
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 
+from flowlearn.engine.sampling import Sampling
+from flowlearn.engine.scripted import ScriptedChatModel as FakeChatModel
+from flowlearn.engine.scripted import ScriptedPolicy
+from flowlearn.engine.scripted import planner_turn as plan
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policies.scripted import ScriptedChatModel as FakeChatModel
-from flowlearn.nodes.policies.scripted import ScriptedPolicy
-from flowlearn.nodes.policies.scripted import planner_turn as plan
-from flowlearn.nodes.schema.sampling import Sampling
 
 RESULTS = Path(__file__).parent / "results" / "overhead.json"
 STEPS, RUNS = 5, 200

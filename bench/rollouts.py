@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.chat import HFChatModel
+from flowlearn.engine.local import HFPolicy
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.policies.hf_chat import HFChatModel
 from flowlearn.nodes.tools import default_tools
 from flowlearn.training import collect
 

@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.chat import HFChatModel
+from flowlearn.engine.local import HFPolicy
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.evals.tasks import load_cases_and_scorer
 from flowlearn.evals.tool_task import CORPUS_FILE, TRAIN_FILE
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.policies.hf_chat import HFChatModel
 from flowlearn.nodes.tools import default_tools
 from flowlearn.training.rollouts import collect
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from flowlearn.engine.loading import load_model_and_tokenizer
 from flowlearn.graphs import Context
-from flowlearn.nodes.policies.loading import load_model_and_tokenizer
 from flowlearn.training import Trajectory, Transition
 from flowlearn.training.trainer import FlowGRPOTrainer, unused_reward
 

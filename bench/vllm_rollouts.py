@@ -63,11 +63,11 @@ def flows_arm(args: argparse.Namespace, tokenizer: Any) -> tuple[float, list[dic
     """Run `--flows` flows at once with the planner on the server; return seconds and calls."""
     from langchain_core.tools import tool
 
+    from flowlearn.engine.scripted import ScriptedChatModel
+    from flowlearn.engine.server import ServerPolicy
     from flowlearn.evals.cases import Case
     from flowlearn.evals.scorers import Score
     from flowlearn.graphs import Context, build_agentflow
-    from flowlearn.nodes.policies.scripted import ScriptedChatModel
-    from flowlearn.nodes.policies.server import ServerPolicy
     from flowlearn.training.rollouts import collect
 
     @tool

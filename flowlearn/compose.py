@@ -22,13 +22,7 @@ from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
 
-from flowlearn.errors import UsageError
-from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
-from flowlearn.evals.cases import Case
-from flowlearn.evals.scorers import CaseScorer
-from flowlearn.evals.tasks import load_cases_and_scorer
-from flowlearn.graphs import InputState, State, build_agentflow
-from flowlearn.nodes.policies import (
+from flowlearn.engine import (
     BASE_SOURCE,
     DEFAULT_SOURCES,
     BatchingPolicy,
@@ -42,6 +36,12 @@ from flowlearn.nodes.policies import (
     ServerPolicy,
     untrained_twin,
 )
+from flowlearn.errors import UsageError
+from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
+from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import CaseScorer
+from flowlearn.evals.tasks import load_cases_and_scorer
+from flowlearn.graphs import InputState, State, build_agentflow
 from flowlearn.nodes.prompts import (
     AGENTFLOW_PROMPTS,
     Budgets,

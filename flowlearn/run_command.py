@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from flowlearn.engine import ServerPolicy
 from flowlearn.errors import UsageError
 from flowlearn.files import JsonlFile
 from flowlearn.flow_setup import Flow, add_flow_options, build_cli_flow
 from flowlearn.graphs import InputState
-from flowlearn.nodes.policies import ServerPolicy
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig

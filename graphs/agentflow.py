@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Any
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
 
+from flowlearn.engine.chat import ChatModelPolicy
+from flowlearn.engine.protocol import Policy
 from flowlearn.graphs.routing import route_after_planner, route_after_verifier
 from flowlearn.nodes.executor import make_executor
 from flowlearn.nodes.generator import make_generator
 from flowlearn.nodes.planner import make_planner
-from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context

@@ -1,5 +1,8 @@
 """The four agents as node factories, their prompts, parsers, policy protocol and tools."""
 
+from flowlearn.engine.chat import ChatModelPolicy, ServerChatModel
+from flowlearn.engine.protocol import Policy
+from flowlearn.engine.server import ServerPolicy
 from flowlearn.nodes.catalogue import describe_tool, render_catalogue
 from flowlearn.nodes.executor import make_executor
 from flowlearn.nodes.generator import make_generator
@@ -11,9 +14,6 @@ from flowlearn.nodes.parsing import (
     parse_verdict,
 )
 from flowlearn.nodes.planner import make_planner
-from flowlearn.nodes.policies.protocol import ChatModelPolicy, Policy
-from flowlearn.nodes.policies.server import ServerPolicy
-from flowlearn.nodes.policies.server_chat import ServerChatModel
 from flowlearn.nodes.render import policy_transition
 from flowlearn.nodes.schema import (
     Context,

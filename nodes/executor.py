@@ -15,8 +15,8 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import BaseTool
 from langgraph.types import RetryPolicy
 
+from flowlearn.engine.chat import to_langchain
 from flowlearn.nodes.catalogue import describe_tool, tool_arguments
-from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.render import (
     bare_question,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph.types import RetryPolicy
 
+from flowlearn.nodes.engine_calls import EngineReply, role_call
 from flowlearn.nodes.parsing import read_answer
-from flowlearn.nodes.policies.engine_calls import EngineReply, role_call
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, ANSWER_STOP, Prompts
 from flowlearn.nodes.render import emit, memory_prompt, transition
 from flowlearn.nodes.retry import ENGINE_RETRY

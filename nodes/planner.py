@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.tools import BaseTool
 from langgraph.types import RetryPolicy
 
+from flowlearn.engine.local import LocalPolicy
+from flowlearn.engine.protocol import Policy, continues_prefill
+from flowlearn.engine.sampling import Generation, Sampling
+from flowlearn.engine.stops import RepetitionRule, StopWatch
 from flowlearn.nodes.catalogue import enabled_tools, render_catalogue
+from flowlearn.nodes.engine_calls import role_call
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output, starts_with_label
-from flowlearn.nodes.policies.engine_calls import role_call
-from flowlearn.nodes.policies.hf import LocalPolicy
-from flowlearn.nodes.policies.protocol import Policy, continues_prefill
-from flowlearn.nodes.policies.stops import RepetitionRule, StopWatch
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, runs_analysis
 from flowlearn.nodes.render import (
     emit,
@@ -27,7 +28,6 @@ from flowlearn.nodes.render import (
 from flowlearn.nodes.retry import ENGINE_RETRY, retrying
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus
-from flowlearn.nodes.schema.sampling import Generation, Sampling
 from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:

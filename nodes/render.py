@@ -6,9 +6,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from flowlearn.engine.sampling import Generation
 from flowlearn.nodes.prompts import ANSWER_INSTRUCTION, EMPTY_MEMORY, SYSTEM_PROMPT, MemoryView
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord, Transition
-from flowlearn.nodes.schema.sampling import Generation
 
 
 def _under(value: Any) -> str:

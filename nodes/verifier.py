@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.tools import BaseTool
 from langgraph.types import RetryPolicy
 
+from flowlearn.engine.protocol import can_choose
+from flowlearn.engine.sampling import Messages
 from flowlearn.nodes.catalogue import enabled_tools, render_catalogue
+from flowlearn.nodes.engine_calls import EngineReply, RoleCall, role_call
 from flowlearn.nodes.parsing import parse_verdict
-from flowlearn.nodes.policies.engine_calls import EngineReply, RoleCall, role_call
-from flowlearn.nodes.policies.protocol import can_choose
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, runs_analysis
 from flowlearn.nodes.render import emit, memory_prompt, transition
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, Transition
-from flowlearn.nodes.schema.sampling import Messages
 from flowlearn.nodes.schema.state import State
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
-"""Fakes shared by the tests: the scripted backends of `flowlearn.nodes.policies.scripted`."""
+"""Fakes shared by the tests: the scripted backends of `flowlearn.engine.scripted`."""
 
 from __future__ import annotations
 
-from flowlearn.nodes.policies.scripted import ScriptedChatModel, ScriptedPolicy, planner_turn
+from flowlearn.engine.scripted import ScriptedChatModel, ScriptedPolicy, planner_turn
 
 FakeChatModel = ScriptedChatModel
 plan = planner_turn

@@ -18,9 +18,9 @@ from typing import Any
 
 from stand_in_server import Recorded, Reply
 
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Sampling
 
 
 @dataclass

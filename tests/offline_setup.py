@@ -8,9 +8,9 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Sampling
 from flowlearn.graphs import Context
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training.trajectories import Trajectory, Transition
 
 CONTEXT = Context(max_turns=2, planner_temperature=0.7, planner_max_new_tokens=12)

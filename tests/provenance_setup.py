@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.engine.sampling import Sampling
 from flowlearn.training import Trajectory, Transition
 
 TRAINER = Sampling(temperature=0.7, top_p=1.0)

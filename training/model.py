@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from flowlearn.nodes.policies.loading import (
+from flowlearn.engine.loading import (
     load_model_and_tokenizer,
     parameter_count,
     pick_device_and_dtype,

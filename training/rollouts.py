@@ -20,13 +20,13 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.protocol import Policy
 from flowlearn.evals.cases import Case
 from flowlearn.evals.runner import run_resumable
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.graphs.agentflow import build_agentflow
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.policies.protocol import Policy
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.schema.context import Context
 from flowlearn.secrets import error_text

@@ -37,8 +37,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from flowlearn.nodes.schema.records import Transition, token_faithful
-from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.engine.sampling import Sampling, token_faithful
+from flowlearn.nodes.schema.records import Transition
 from flowlearn.training.trajectories import DROPPED, Trajectory
 
 MODES = ("paper", "verl_like", "sequence")

@@ -31,10 +31,10 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
+from flowlearn.engine.tokens import ModelHandle
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.files import save_atomically, write_text_atomically
-from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, write_prompts_record
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.rollouts import Rollouts, format_penalty, new_run_id

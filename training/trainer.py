@@ -38,12 +38,12 @@ from transformers import TrainerCallback
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.protocol import Policy
+from flowlearn.engine.tokens import ModelHandle
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.files import JsonlFile, write_atomically
-from flowlearn.nodes.policies.handle import ModelHandle
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.policies.protocol import Policy
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.batches import Batching, chunked_loss, next_piece, step_tensors

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.engine.sampling import Sampling
 
 _PLANNER = Sampling()
 """The planner's sampling defaults, declared once in `Sampling`."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
 ParseStatus = Literal["ok", "format_error", "unknown_tool", "unclear", "no_answer_tags", "error"]
@@ -68,21 +67,3 @@ class Transition(TypedDict):
     """The rollout this call belongs to; set when the trajectory is stored."""
     group_id: NotRequired[str]
     """The question's group (the G rollouts of one question); set when stored."""
-
-
-def token_faithful(record: Mapping[str, Any]) -> bool:
-    """Whether a transition (or generation) carries the ids and logprobs training needs.
-
-    The one rule: prompt ids present, completion ids present, one logprob per completion token.
-    """
-    prompt, completion, logprobs = (
-        record.get("prompt_ids"),
-        record.get("completion_ids"),
-        record.get("logprobs"),
-    )
-    return (
-        bool(prompt)
-        and completion is not None
-        and logprobs is not None
-        and (len(logprobs) == len(completion))
-    )

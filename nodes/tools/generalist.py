@@ -6,7 +6,7 @@ from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool
 
-from flowlearn.nodes.messages import to_langchain
+from flowlearn.engine.chat import to_langchain
 
 
 def generalist_tool(engine: Any) -> BaseTool:

@@ -18,8 +18,8 @@ from typing import Any, Literal, get_args
 
 from langchain_core.tools import BaseTool, StructuredTool
 
+from flowlearn.engine.chat import to_langchain
 from flowlearn.errors import SandboxUnavailableError
-from flowlearn.nodes.messages import to_langchain
 from flowlearn.nodes.tools.sandbox import (
     find_bwrap,
     installed_packages,

@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
+from flowlearn.engine.loading import SHIPPED_ADAPTER
 from flowlearn.evals.tool_task import CORPUS_FILE, arithmetic_cases, lookup_cases
 from flowlearn.evals.tool_task_diverse import ANSWERED_FIRST, FACTS, new_cases, used_names
-from flowlearn.nodes.policies.loading import SHIPPED_ADAPTER
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,7 +1,7 @@
 """Ship a trained planner adapter as the package's default planner (`--planner default`).
 
 Copies a LoRA adapter folder written by `flowlearn train` (a `checkpoint-N/` or
-`final-adapter/`) into `nodes/policies/data/default_planner/`: its `adapter_config.json`, and
+`final-adapter/`) into `engine/data/default_planner/`: its `adapter_config.json`, and
 its weights cast to float16 (half the size; peft casts them to the planner's precision as it
 merges them, and the held-out figures in the README are measured on the shipped files). Writes
 `SOURCE.json` beside them: where the adapter came from, the recipe that trained it (`--recipe`,
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from flowlearn.nodes.policies.loading import DEFAULT_MODEL_NAME, SHIPPED_ADAPTER
+from flowlearn.engine.loading import DEFAULT_MODEL_NAME, SHIPPED_ADAPTER
 
 WEIGHTS = "adapter_model.safetensors"
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from flowlearn.nodes.policies.loading import SHIPPED_ADAPTER, load_model_and_tokenizer
+from flowlearn.engine.loading import SHIPPED_ADAPTER, load_model_and_tokenizer
 
 
 def stack(new: Path, out: Path, shipped: Path = SHIPPED_ADAPTER) -> Any:

@@ -35,12 +35,12 @@ from typing import Any
 import torch
 
 from flowlearn.compose import FlowSpec, build_tools, load_parts
+from flowlearn.engine.local import chat_prompt_ids
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.tool_task import CORPUS_FILE, TRAIN_FILE
 from flowlearn.nodes import planner as planner_module
 from flowlearn.nodes.catalogue import render_catalogue
-from flowlearn.nodes.policies.engine_calls import role_call
-from flowlearn.nodes.policies.hf import chat_prompt_ids
+from flowlearn.nodes.engine_calls import role_call
 from flowlearn.nodes.prompts import Prompts
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS

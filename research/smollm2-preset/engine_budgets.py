@@ -25,11 +25,11 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatResult
 from pydantic import Field
 
+from flowlearn.engine import HFChatModel, HFPolicy
+from flowlearn.engine.sampling import Messages
+from flowlearn.engine.scripted import ScriptedPolicy, planner_turn
+from flowlearn.engine.stops import StopWatch
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policies import HFChatModel, HFPolicy
-from flowlearn.nodes.policies.scripted import ScriptedPolicy, planner_turn
-from flowlearn.nodes.policies.stops import StopWatch
-from flowlearn.nodes.schema.sampling import Messages
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import default_tools
 

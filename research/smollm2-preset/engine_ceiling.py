@@ -36,12 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flowlearn.engine import BatchingPolicy, HFChatModel, HFPolicy
+from flowlearn.engine.scripted import ScriptedPolicy, planner_turn
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.scorers import exact_match, normalize_answer
 from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
-from flowlearn.nodes.policies.scripted import ScriptedPolicy, planner_turn
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import default_tools
 

@@ -43,11 +43,11 @@ from typing import Any
 
 from langchain_core.tools import BaseTool
 
+from flowlearn.engine import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.evals.arithmetic import evaluate, parse_expression
 from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.nodes.catalogue import describe_tool
 from flowlearn.nodes.executor import call_example_turns, propose_arguments
-from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.prompts import Prompts
 from flowlearn.nodes.render import prompt_messages
 from flowlearn.nodes.smollm2 import PYTHON_CALLS, SMOLLM2_PROMPTS

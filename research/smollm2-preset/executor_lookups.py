@@ -26,10 +26,10 @@ from typing import Any
 
 from langchain_core.tools import BaseTool
 
+from flowlearn.engine import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.graphs import Context
 from flowlearn.nodes import make_executor
-from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.prompts import Prompts
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools.local_search import local_search_tool

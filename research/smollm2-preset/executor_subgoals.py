@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flowlearn.engine import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, first_answer
 from flowlearn.nodes.catalogue import describe_tool
 from flowlearn.nodes.executor import call_example_turns, propose_arguments
-from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.render import bare_question, prompt_messages
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import default_tools

@@ -59,13 +59,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flowlearn.engine import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.scorers import exact_match
 from flowlearn.evals.tool_task import CORPUS_FILE, HELDOUT_FILE, TRAIN_FILE, first_answer
+from flowlearn.nodes.engine_calls import role_call
 from flowlearn.nodes.generator import closed_reply, generator_messages
 from flowlearn.nodes.parsing import read_answer
-from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
-from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.prompts import ANSWER_STOP, Example, Prompts
 from flowlearn.nodes.schema.records import StepRecord
 from flowlearn.nodes.smollm2 import (

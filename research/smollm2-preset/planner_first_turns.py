@@ -29,15 +29,15 @@ import sys
 from collections import Counter
 from typing import Any
 
+from flowlearn.engine import BatchingPolicy, HFChatModel, HFPolicy
+from flowlearn.engine.sampling import Sampling
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.tool_task import CORPUS_FILE, TRAIN_FILE
 from flowlearn.nodes import planner as planner_module
 from flowlearn.nodes.catalogue import render_catalogue
 from flowlearn.nodes.parsing import match_tool_name, parse_planner_output
-from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.nodes.prompts import Prompts
 from flowlearn.nodes.schema.context import Context
-from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import default_tools
 

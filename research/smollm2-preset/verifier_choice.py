@@ -21,9 +21,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from flowlearn.engine import HFPolicy
+from flowlearn.engine.local import choice_logprobs
 from flowlearn.nodes.parsing import parse_verdict
-from flowlearn.nodes.policies import HFPolicy
-from flowlearn.nodes.policies.choices import choice_logprobs
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 
 VERDICT_CHOICES = SMOLLM2_PROMPTS.verdict_choices

@@ -34,12 +34,12 @@ from typing import Any
 
 from generator_views import replayed_memory
 
+from flowlearn.engine import BatchingPolicy, HFChatModel, HFPolicy
 from flowlearn.evals.cases import with_answer_instruction
 from flowlearn.evals.tool_task import CORPUS_FILE
+from flowlearn.nodes.engine_calls import role_call
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.planner import analysis_messages
-from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy
-from flowlearn.nodes.policies.engine_calls import role_call
 from flowlearn.nodes.render import memory_prompt
 from flowlearn.nodes.schema.records import StepRecord
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS

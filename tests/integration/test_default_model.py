@@ -51,7 +51,7 @@ def test_shipped_default_planner_answers_the_demo_through_python(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`make demo`: the default planner (with the shipped adapter) answers 391 via python."""
-    from flowlearn.nodes.policies.loading import shipped_adapter
+    from flowlearn.engine.loading import shipped_adapter
 
     assert shipped_adapter() is not None, "the package ships the trained planner adapter"
     out = tmp_path / "run.jsonl"

@@ -91,14 +91,14 @@ pytest.importorskip("trl")
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl.trainer.grpo_config import GRPOConfig
 
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.evals.benchmarks import score_case
 from flowlearn.evals.cases import Case
 from flowlearn.evals.harness import run_eval
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context
 from flowlearn.graphs import build_agentflow as _build_agentflow
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import local_search_tool, python_tool
 from flowlearn.training.trainer import FlowGRPOTrainer

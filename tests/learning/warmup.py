@@ -9,7 +9,7 @@ from typing import Any
 
 from tiny_model import build_tiny_model
 
-from flowlearn.nodes.policies.hf import chat_prompt_ids
+from flowlearn.engine.local import chat_prompt_ids
 
 TOOLS = ["python", "local_search"]
 FORMAT = " {tool}\nSub-Goal: answer the question{filler}"

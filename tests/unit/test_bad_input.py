@@ -9,12 +9,12 @@ from langchain_core.tools import tool
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.cli import main
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Sampling
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import exact_match
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training import TrajectoryStore, collect
 
 WINDOW = 256

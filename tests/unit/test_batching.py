@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from flowlearn.nodes.policies import batch_ops
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.schema.sampling import Generation, Sampling
+from flowlearn.engine import tokens
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Generation, Sampling
 
 PROMPTS = ["What is 17 * 23?", "Capital of France?", "Tool Name: python", "Hi"]
 
@@ -125,14 +125,14 @@ def test_a_failing_request_fails_alone(
     policies: tuple[HFPolicy, BatchingPolicy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, batched = policies
-    real = batch_ops.generator
+    real = tokens.generator
 
     def generator(seed: int | None, device: Any) -> Any:
         if seed == 666:
             raise RuntimeError("this request's sampler is broken")
         return real(seed, device)
 
-    monkeypatch.setattr(batch_ops, "generator", generator)
+    monkeypatch.setattr(tokens, "generator", generator)
     fine = Sampling(temperature=0.0, max_new_tokens=4)
     results = together(
         batched,
@@ -161,7 +161,7 @@ def test_a_shared_prefix_is_read_once_and_changes_nothing(
     )
     prompts = [SHARED + p for p in PROMPTS]
     encoded = [batched.encode_chat(chat(p)) for p in prompts]
-    assert batch_ops.shared_prefix_length(encoded) > 40
+    assert tokens.shared_prefix_length(encoded) > 40
     calls = [
         (prompts[0], Sampling(temperature=0.0, max_new_tokens=10)),
         (prompts[1], Sampling(temperature=0.0, max_new_tokens=6)),
@@ -180,10 +180,10 @@ def test_a_shared_prefix_is_read_once_and_changes_nothing(
 
 
 def test_shared_prefix_length_leaves_every_prompt_a_token() -> None:
-    assert batch_ops.shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
-    assert batch_ops.shared_prefix_length([[1, 2, 3, 4], [1, 2, 9], [1, 2, 3]]) == 2
-    assert batch_ops.shared_prefix_length([[5], [5, 6]]) == 0
-    assert batch_ops.shared_prefix_length([[1, 2], [3, 2]]) == 0
+    assert tokens.shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert tokens.shared_prefix_length([[1, 2, 3, 4], [1, 2, 9], [1, 2, 3]]) == 2
+    assert tokens.shared_prefix_length([[5], [5, 6]]) == 0
+    assert tokens.shared_prefix_length([[1, 2], [3, 2]]) == 0
 
 
 @pytest.mark.parametrize(
@@ -199,8 +199,8 @@ def test_sampling_draws_from_the_logged_distribution(
 ) -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0]))
     draws = 4000
-    generators = [batch_ops.generator(seed, torch.device("cpu")) for seed in range(draws)]
-    picked = batch_ops.pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators)
+    generators = [tokens.generator(seed, torch.device("cpu")) for seed in range(draws)]
+    picked = tokens.pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators)
     counts = torch.bincount(torch.tensor([t for t, _ in picked]), minlength=5) / draws
     assert counts[:3].tolist() == pytest.approx(expected, abs=0.03)
     assert counts[3:].sum() == 0  # zero-probability tokens are never drawn
@@ -216,7 +216,7 @@ def test_prompts_of_two_kinds_are_read_as_two_groups_and_decoded_together(
     other = "Judge whether the memory answers the question. " * 8 + "Question: "
     prompts = [SHARED + p for p in PROMPTS[:2]] + [other + p for p in PROMPTS]
     encoded = [batched.encode_chat(chat(p)) for p in prompts]
-    groups = batch_ops.prefix_groups(encoded, 8)
+    groups = tokens.prefix_groups(encoded, 8)
     assert sorted(sorted(g) for g in groups) == [[0, 1], [2, 3, 4, 5]]
     budgets = [10, 3, 12, 6, 9, 4]
     calls = [
@@ -236,14 +236,14 @@ def test_requests_join_a_running_batch_and_leave_it_when_done(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trimmed: list[int] = []
-    real_trim = batch_ops.trim_left
+    real_trim = tokens.trim_left
 
     def trim(cache: Any, mask: Any) -> Any:
         kept = real_trim(cache, mask)
         trimmed.append(mask.shape[1] - kept[1].shape[1])
         return kept
 
-    monkeypatch.setattr(batch_ops, "trim_left", trim)
+    monkeypatch.setattr(tokens, "trim_left", trim)
     single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
     batched = BatchingPolicy(single, max_batch_size=8, max_wait_s=0.0, min_shared_prefix=8)
     long_call = (PROMPTS[3], Sampling(temperature=0.0, max_new_tokens=300))

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from flowlearn.nodes.policies import FrozenBasePolicy, HFChatModel, batching
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.engine import batching
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.chat import HFChatModel
+from flowlearn.engine.local import FrozenBasePolicy, HFPolicy
+from flowlearn.engine.sampling import Sampling
 
 PROMPTS = ["What is 17 * 23?", "Hi"]
 
@@ -90,8 +91,9 @@ def test_close_stops_the_worker_and_the_next_call_starts_one(
 
 EXIT_WITH_AN_IDLE_WORKER = """
 import sys
-from flowlearn.nodes.policies import BatchingPolicy, HFPolicy
-from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Sampling
 batched = BatchingPolicy(HFPolicy.from_pretrained(sys.argv[1], device="cpu"), max_wait_s=0.0)
 batched.generate([{"role": "user", "content": "Hi"}], Sampling(temperature=0.0, max_new_tokens=3))
 assert batched._worker is not None and batched._worker.is_alive()

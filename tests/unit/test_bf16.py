@@ -16,7 +16,7 @@ from offline_setup import config as offline_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
-from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.engine.local import HFPolicy
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.model import forward_logps, upcast_trainable
 from flowlearn.training.rollouts import Replay
@@ -178,7 +178,7 @@ def test_training_loads_full_fine_tuning_in_fp32_after_counting_from_the_config(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from flowlearn.compose import training_spec
-    from flowlearn.nodes.policies.loading import parameter_count
+    from flowlearn.engine.loading import parameter_count
     from flowlearn.training.model import load_planner
 
     flow = FlowGRPOConfig(

@@ -7,8 +7,8 @@ from typing import Any
 from langchain_core.tools import tool
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
+from flowlearn.engine.sampling import Sampling
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.schema.sampling import Sampling
 
 
 @tool

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from flowlearn.compose import load_local_models
-from flowlearn.nodes.policies import loading
-from flowlearn.nodes.policies.loading import load_model_and_tokenizer, untrained_twin
+from flowlearn.engine import loading
+from flowlearn.engine.loading import load_model_and_tokenizer, untrained_twin
 
 BENCH = Path(__file__).parents[2] / "research" / "default-planner"
 

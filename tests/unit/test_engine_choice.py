@@ -15,19 +15,13 @@ from langchain_core.tools import tool
 from pydantic import Field
 
 from fakes import FakeChatModel
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.chat import HFChatModel, ServerChatModel
+from flowlearn.engine.local import FrozenBasePolicy, HFPolicy, chat_prompt_ids, choice_logprobs
+from flowlearn.engine.server import ServerPolicy
 from flowlearn.graphs import Context
 from flowlearn.nodes import make_verifier as _make_verifier
-from flowlearn.nodes.policies import (
-    BatchingPolicy,
-    FrozenBasePolicy,
-    HFChatModel,
-    HFPolicy,
-    ServerChatModel,
-    ServerPolicy,
-)
-from flowlearn.nodes.policies.choices import choice_logprobs
-from flowlearn.nodes.policies.engine_calls import role_call
-from flowlearn.nodes.policies.hf import chat_prompt_ids
+from flowlearn.nodes.engine_calls import role_call
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS, VERDICT_CHOICES
 
 make_verifier = partial(_make_verifier, prompts=SMOLLM2_PROMPTS)  # the preset these tests pin

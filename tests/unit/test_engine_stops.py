@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from flowlearn.nodes.policies.stops import RepetitionRule, StopWatch, cut_at_stop, held_back
+from flowlearn.engine.stops import RepetitionRule, StopWatch, cut_at_stop, held_back
 from flowlearn.nodes.tools import BUNDLED_CORPUS
 
 PROSE = """\
@@ -123,8 +123,8 @@ MESSAGE = "What is 17 * 23?"
 
 @pytest.fixture(scope="module")
 def models(tiny_model_dir: Path) -> Iterator[tuple[Any, Any]]:
-    from flowlearn.nodes.policies.batching import BatchingPolicy
-    from flowlearn.nodes.policies.hf import HFPolicy
+    from flowlearn.engine.batching import BatchingPolicy
+    from flowlearn.engine.local import HFPolicy
 
     single = HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu")
     batched = BatchingPolicy(single, max_batch_size=4)
@@ -140,7 +140,7 @@ def sampled(policy: Any, stop: list[str] | None = None, how: str = "call") -> An
     """
     import torch
 
-    from flowlearn.nodes.policies.hf_chat import HFChatModel
+    from flowlearn.engine.chat import HFChatModel
 
     engine = HFChatModel(policy=policy, temperature=1.0, max_new_tokens=24, repetition=None)
     torch.manual_seed(0)
@@ -186,7 +186,7 @@ def test_stop_strings_end_the_call_with_faithful_ids(path: str, models: tuple[An
 def test_a_stream_never_shows_the_stop_string(models: tuple[Any, Any]) -> None:
     import torch
 
-    from flowlearn.nodes.policies.hf_chat import HFChatModel
+    from flowlearn.engine.chat import HFChatModel
 
     single, _ = models
     free = sampled(single)
@@ -211,7 +211,7 @@ def test_a_stream_never_shows_the_stop_string(models: tuple[Any, Any]) -> None:
 
 @pytest.mark.parametrize("path", ["single", "batched"])
 def test_a_degenerate_repetition_ends_a_greedy_call(path: str, models: tuple[Any, Any]) -> None:
-    from flowlearn.nodes.policies.hf_chat import HFChatModel
+    from flowlearn.engine.chat import HFChatModel
 
     single, batched = models
     policy = batched if path == "batched" else single
@@ -229,7 +229,7 @@ def test_a_degenerate_repetition_ends_a_greedy_call(path: str, models: tuple[Any
 
 
 def test_budgets_bound_per_call_and_the_fixed_override(models: tuple[Any, Any]) -> None:
-    from flowlearn.nodes.policies.hf_chat import HFChatModel
+    from flowlearn.engine.chat import HFChatModel
 
     single, _ = models
     engine = HFChatModel(policy=single, max_new_tokens=9, repetition=None)

@@ -7,9 +7,9 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.tools import tool
 
 from fakes import ScriptedPolicy, plan
+from flowlearn.engine.chat import HFChatModel, parse_tool_calls, to_chat_dicts
+from flowlearn.engine.local import HFPolicy
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.policies.hf_chat import HFChatModel, parse_tool_calls, to_chat_dicts
 
 pytest.importorskip("torch")
 

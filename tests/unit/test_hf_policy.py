@@ -5,14 +5,10 @@ from pathlib import Path
 import pytest
 
 from flowlearn.compose import load_local_models
-from flowlearn.nodes.policies import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.policies.loading import (
-    ModelNotFoundError,
-    cache_dir,
-    load_model_and_tokenizer,
-)
-from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.loading import ModelNotFoundError, cache_dir, load_model_and_tokenizer
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Sampling
 
 torch = pytest.importorskip("torch")
 

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from flowlearn.nodes.policies import kv_cache
-from flowlearn.nodes.policies.kv_cache import AppendingLayer, appending_cache
+from flowlearn.engine import kv_cache
+from flowlearn.engine.kv_cache import AppendingLayer, appending_cache
 
 
 def states(batch: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

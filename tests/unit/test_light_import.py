@@ -8,7 +8,9 @@ import pytest
 HEAVY = ("torch", "transformers", "trl", "peft", "datasets")
 
 
-@pytest.mark.parametrize("module", ["flowlearn", "flowlearn.graphs", "flowlearn.nodes"])
+@pytest.mark.parametrize(
+    "module", ["flowlearn", "flowlearn.engine", "flowlearn.graphs", "flowlearn.nodes"]
+)
 def test_import_does_not_pull_heavy_dependencies(module: str) -> None:
     code = f"import sys, {module}; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     loaded = subprocess.run(

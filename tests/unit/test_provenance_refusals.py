@@ -9,9 +9,9 @@ import pytest
 from provenance_setup import TRAINER, rollout, turn
 from stand_in_server import Recorded, Reply, stand_in_server
 
+from flowlearn.engine.sampling import Sampling
+from flowlearn.engine.server import ServerPolicy
 from flowlearn.nodes import policy_transition
-from flowlearn.nodes.policies.server import ServerPolicy
-from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training import Trajectory, build_flow_grpo_rows
 
 
@@ -103,7 +103,7 @@ def test_the_trainer_refuses_offline_rows_sampled_otherwise_and_logs_what_it_cut
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
 
-    from flowlearn.nodes.policies.hf import HFPolicy
+    from flowlearn.engine.local import HFPolicy
     from flowlearn.training.trainer import FlowGRPOTrainer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

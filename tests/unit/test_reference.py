@@ -17,7 +17,7 @@ from trl import GRPOConfig
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import add_fused_lm_head
 
-from flowlearn.nodes.policies.hf import HFPolicy
+from flowlearn.engine.local import HFPolicy
 from flowlearn.training.model import forward_logps
 from flowlearn.training.trainer import FlowGRPOTrainer
 

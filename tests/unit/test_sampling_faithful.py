@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy, stream_text
-from flowlearn.nodes.schema.sampling import Generation, Sampling
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.local import HFPolicy, stream_text
+from flowlearn.engine.sampling import Generation, Sampling
 
 torch = pytest.importorskip("torch")
 
@@ -103,7 +103,7 @@ def test_streaming_ignores_the_models_config(single: HFPolicy) -> None:
 def test_a_lora_model_and_its_frozen_base_ignore_the_models_config(penalised_dir: Path) -> None:
     from peft import LoraConfig, get_peft_model
 
-    from flowlearn.nodes.policies.frozen_base import FrozenBasePolicy
+    from flowlearn.engine.local import FrozenBasePolicy
 
     loaded = HFPolicy.from_pretrained(penalised_dir, device="cpu")
     lora = get_peft_model(loaded.model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))

@@ -19,13 +19,13 @@ from stand_in_server import Recorded, Reply, stand_in_server
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn import secrets
+from flowlearn.engine.server import ServerPolicy
 from flowlearn.evals.cases import Case
 from flowlearn.evals.harness import run_eval
 from flowlearn.evals.runner import run_resumable
 from flowlearn.evals.scorers import SCORERS, judge_scorer
 from flowlearn.graphs import Context
 from flowlearn.graphs import build_agentflow as _build_agentflow
-from flowlearn.nodes.policies.server import ServerPolicy
 from flowlearn.nodes.retry import TransientEngineError, engine_error, with_retries
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import web_search_tool

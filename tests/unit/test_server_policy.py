@@ -13,13 +13,14 @@ from langchain_core.tools import tool
 from stand_in_server import Recorded, Reply, stand_in_server
 
 from fakes import FakeChatModel
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Sampling
+from flowlearn.engine.server import ServerPolicy
+from flowlearn.errors import ServerError
 from flowlearn.graphs import Context, build_agentflow
 from flowlearn.nodes import token_faithful
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.policies.server import ServerError, ServerPolicy
 from flowlearn.nodes.retry import is_transient
-from flowlearn.nodes.schema.sampling import Sampling
 from flowlearn.training import build_flow_grpo_rows
 from flowlearn.training.trajectories import trajectory_from_state
 

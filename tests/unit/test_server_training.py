@@ -25,10 +25,10 @@ from trl import GRPOConfig
 
 from fakes import FakeChatModel
 from flowlearn.cli import main
+from flowlearn.engine.server import ServerPolicy
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
-from flowlearn.nodes.policies.server import ServerPolicy
 from flowlearn.training import TrajectoryStore
 from flowlearn.training.config import FlowGRPOConfig, parse_config
 from flowlearn.training.trainer import FlowGRPOTrainer

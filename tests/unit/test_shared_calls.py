@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from test_batching import chat, rows_per_forward
 
-from flowlearn.nodes.policies.batching import BatchingPolicy
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.policies.shared_calls import SharedCalls, call_key
-from flowlearn.nodes.policies.stops import StopWatch
-from flowlearn.nodes.schema.sampling import Generation, Sampling
+from flowlearn.engine.batching import BatchingPolicy, SharedCalls, call_key
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Generation, Sampling
+from flowlearn.engine.stops import StopWatch
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
 

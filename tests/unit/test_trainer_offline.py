@@ -14,8 +14,8 @@ pytest.importorskip("trl")
 import torch
 from trainer_setup import CONTEXT, config, load
 
-from flowlearn.nodes.policies.hf import HFPolicy
-from flowlearn.nodes.schema.sampling import Sampling
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Sampling
 from flowlearn.training import build_flow_grpo_rows
 from flowlearn.training.trainer import FlowGRPOTrainer
 from flowlearn.training.trajectories import Trajectory, Transition

@@ -27,8 +27,8 @@ from trl.import_utils import is_vllm_available
 from vllm_job import SAMPLING, train
 from vllm_stand_in import StandInClient, StandInVLLMGeneration
 
+from flowlearn.engine.local import chat_prompt_ids
 from flowlearn.nodes import Sampling, policy_transition
-from flowlearn.nodes.policies.hf import chat_prompt_ids
 from flowlearn.training import TrajectoryStore
 from flowlearn.training.config import FlowParser, parse_config
 from flowlearn.training.rows import check_sampling

@@ -15,9 +15,11 @@ from stand_in_server import stand_in_server
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from flowlearn.cli import main
-from flowlearn.nodes.policies import BatchingPolicy, HFChatModel, HFPolicy, ServerPolicy
-from flowlearn.nodes.policies.server_chat import ServerChatModel
-from flowlearn.nodes.policies.stops import RepetitionRule, StopWatch
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.chat import HFChatModel, ServerChatModel
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.server import ServerPolicy
+from flowlearn.engine.stops import RepetitionRule, StopWatch
 
 ASK = [HumanMessage("What is the capital of Kenya? Answer with a tool.")]
 
@@ -84,7 +86,7 @@ def test_vllm_engine_server_reply_is_cut_where_the_watch_fires() -> None:
     ids = [9, 8] + [1, 2, 3] * 30
     fired = next(end for end in range(1, len(ids) + 1) if rule.period(ids[:end]) is not None)
     watch = StopWatch(lambda got: " ".join(map(str, got)), repetition=rule)
-    from flowlearn.nodes.policies.server import _watched
+    from flowlearn.engine.server import _watched
 
     kept, logprobs, text = _watched(watch, ids, [-0.5] * len(ids))
     assert kept == ids[:fired] and logprobs == [-0.5] * fired and fired < len(ids)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowlearn.engine.server import ServerPolicy
 from flowlearn.errors import AdapterError
 from flowlearn.files import save_atomically
-from flowlearn.nodes.policies.server import ServerPolicy
 from flowlearn.secrets import redact, remember, url_secrets
 from flowlearn.training.rows import FlowGRPORow
 from flowlearn.training.vllm.correction import correct_stale_rows

@@ -49,9 +49,9 @@ from accelerate.utils import is_peft_model
 from trl.generation.vllm_client import VLLMClient
 from trl.generation.vllm_generation import VLLMGeneration
 
-from flowlearn.nodes.policies.batching import check_batching
-from flowlearn.nodes.policies.hf import chat_prompt_ids
-from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
+from flowlearn.engine.batching import check_batching
+from flowlearn.engine.local import chat_prompt_ids
+from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.training.model import recompute_old_logps
 from flowlearn.training.rollouts import Rollouts
 from flowlearn.training.vllm.correction import importance_ratio

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph.types import RetryPolicy
 
-from flowlearn.nodes.messages import to_langchain
+from flowlearn.engine.chat import to_langchain
+from flowlearn.engine.sampling import Messages
 from flowlearn.nodes.retry import engine_error, retrying
-from flowlearn.nodes.schema.sampling import Messages
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -73,7 +73,7 @@ def role_call(
     settings: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
     if stop:
         settings["stop"] = list(stop)
-    if choice:  # the reply is one of these, the likeliest (`HFChatModel`, `choices`)
+    if choice:  # the reply is one of these, the likeliest (`HFChatModel`, `engine.local.choose`)
         settings["choice"] = list(choice)
     bound = engine.bind(**settings)
 

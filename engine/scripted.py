@@ -14,7 +14,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
-from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
+from flowlearn.engine.sampling import Generation, Messages, Sampling
 
 
 class ScriptedPolicy:

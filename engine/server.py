@@ -19,10 +19,10 @@ import os
 import time
 from typing import Any, Literal
 
+from flowlearn.engine.local import chat_prompt_ids
+from flowlearn.engine.sampling import Generation, Messages, Sampling
+from flowlearn.engine.stops import StopWatch
 from flowlearn.errors import ServerError
-from flowlearn.nodes.policies.hf import chat_prompt_ids
-from flowlearn.nodes.policies.stops import StopWatch
-from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
 from flowlearn.secrets import redact, remember, url_secrets
 
 LogprobsMode = Literal["processed", "raw"]

@@ -1,4 +1,10 @@
-"""A local Hugging Face causal LM as the planner's policy, logging the exact tokens it samples."""
+"""Local Hugging Face policies over the token core: chat template -> ids -> `tokens.sample`.
+
+`HFPolicy` renders the chat with the model's template, fits the prompt to the context window and
+decodes it with the core, logging the exact tokens it samples; `FrozenBasePolicy` is the same
+over a LoRA model with its adapter switched off. A forced choice is scored here too
+(`choice_logprobs`), since it is the local model's forward over the rendered chat.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,13 @@ import contextlib
 import logging
 import os
 import threading
-import time
-from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol, cast, runtime_checkable
 
-from flowlearn.nodes.policies.call_config import only_config
-from flowlearn.nodes.policies.handle import ModelHandle
-from flowlearn.nodes.policies.loading import load_model_and_tokenizer
-from flowlearn.nodes.policies.stops import StopWatch
-from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
+from flowlearn.engine.loading import load_model_and_tokenizer
+from flowlearn.engine.sampling import Generation, Messages, Sampling
+from flowlearn.engine.stops import StopWatch
+from flowlearn.engine.tokens import ModelHandle, sample
 
 logger = logging.getLogger(__name__)
 
@@ -184,57 +188,38 @@ class HFPolicy:
             stopping: an optional watch that ends the call early, as a `StoppingCriteria`.
 
         """
-        import torch
-        from transformers import GenerationConfig
-
         prompt_ids, notes = self.fit_prompt(self.encode_chat(messages), sampling.max_new_tokens)
-        greedy = sampling.temperature == 0
-        # Only what `sampling` names: top_k=0 turns off the library's default top_k=50, and
-        # `only_config` keeps the model's own config from filling the fields left unset.
-        shape = (
-            {"do_sample": False}
-            if greedy
-            else {
-                "do_sample": True,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "top_k": 0,
-            }
-        )
-        config = GenerationConfig(
-            **shape,
-            max_new_tokens=sampling.max_new_tokens,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-        start = time.perf_counter()
-        with self.handle.lock, torch.no_grad(), only_config(self.model, config):
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
-            device = self.model.device
-            inputs = torch.tensor([prompt_ids], device=device)
-            out = self.model.generate(
-                input_ids=inputs,
-                attention_mask=torch.ones_like(inputs),
-                generation_config=config,
-                streamer=streamer,
-                stopping_criteria=[stopping.criteria(len(prompt_ids))] if stopping else None,
-            )
-        completion = out.sequences[0, len(prompt_ids) :].tolist()
-        completion = completion[: len(out.logits)]
-        logprobs = token_logprobs(out.logits, completion, sampling.temperature)
-        return Generation(
-            text=self.tokenizer.decode(completion, skip_special_tokens=True),
-            prompt_ids=prompt_ids,
-            completion_ids=completion,
-            logprobs=logprobs,
-            policy_version=self.version,
-            sampling=sampling.as_dict(),
-            seconds=time.perf_counter() - start,
-            notes=notes,
-        )
+        return self.generate_ids(prompt_ids, sampling, notes, streamer=streamer, stopping=stopping)
+
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        notes: Sequence[str] = (),
+        *,
+        streamer: Any = None,
+        stopping: StopWatch | None = None,
+    ) -> Generation:
+        """Decode a prompt given as token ids, fed as they are (`tokens.sample`)."""
+        return sample(self, prompt_ids, sampling, notes=notes, streamer=streamer, stopping=stopping)
+
+
+class FrozenBasePolicy(HFPolicy):
+    """Generate with the PEFT adapter of `policy`'s model disabled.
+
+    It is built on `policy`'s handle, so it shares that model's lock with every policy on the
+    same handle: the adapter is never toggled under a running call of the trained policy,
+    batched or not. Its forward scope switches the adapter off, for a single call
+    (`tokens.sample`), a batched one (`BatchDecoder`) and a scored choice alike.
+    """
+
+    def __init__(self, policy: HFPolicy) -> None:
+        """Serve the base of `policy`'s (PEFT) model, versioned `<policy version>:base`."""
+        self._bind(policy.handle, f"{policy.version}:base", policy.context_window)
+
+    def forward_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Switch the adapter off (the caller holds the handle's lock)."""
+        return cast("contextlib.AbstractContextManager[Any]", self.model.disable_adapter())
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Messages) -> list[int]:
@@ -254,23 +239,6 @@ def chat_prompt_ids(tokenizer: Any, messages: Messages) -> list[int]:
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return [int(i) for i in ids]
-
-
-def token_logprobs(logits: Any, token_ids: list[int], temperature: float) -> list[float]:
-    """Return log p(token) under `log_softmax(logits / temperature)` for each step's token.
-
-    `logits` are per-step raw logits, (1, vocab) tensors or one (steps, vocab) tensor; greedy
-    (temperature 0) is scored at temperature 1.
-    """
-    import torch
-
-    if not token_ids:
-        return []
-    stacked = torch.stack([row.reshape(-1) for row in logits[: len(token_ids)]]).float()
-    scaled = stacked / (temperature if temperature > 0 else 1.0)
-    chosen = torch.tensor(token_ids, device=scaled.device).unsqueeze(1)
-    picked = torch.log_softmax(scaled, dim=-1).gather(1, chosen).squeeze(1)
-    return [float(x) for x in picked.tolist()]
 
 
 def stream_text(
@@ -298,3 +266,132 @@ def stream_text(
     worker.join()
     if "error" in result:
         raise result["error"]
+
+
+# A forced choice by the local model's scores: which of a few fixed replies it finds likeliest.
+#
+# The chat model's `choice` call setting (`HFChatModel`), named after vLLM's structured-output
+# `choice` ("the output will be exactly one of the choices"): each choice is scored as the
+# continuation of the chat (its final assistant message, or a new reply) by the sum of its tokens'
+# log-probabilities, all from the same point, in one batched forward pass; greedy takes the
+# likeliest, a temperature samples from their softmax. vLLM's guided decoding picks token by token
+# instead; when the choices differ in their first token (the verifier's STOP and CONTINUE do) the
+# two disagree only if a choice's later tokens are unlikely after its first. The shared prompt is
+# read once per choice (no KV cache shared between them): at two short choices after a verifier's
+# prompt this costs one batched forward, cheaper than the 8-token reply it replaces.
+
+
+@runtime_checkable
+class ScoringPolicy(LocalPolicy, Protocol):
+    """A local policy whose forwards run in a scope of its own (`HFPolicy`, `BatchingPolicy`).
+
+    A `FrozenBasePolicy`'s scope switches its adapter off: scores are the base model's.
+    """
+
+    def forward_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Return the context the model's forwards run in (the handle's lock held)."""
+        ...
+
+
+def check_choices(choices: object) -> list[str]:
+    """Return `choices` as a list of distinct strings, each with a non-space character.
+
+    Raises:
+        ValueError: anything else, named.
+
+    """
+    if (
+        not isinstance(choices, (list, tuple))
+        or len(choices) < 2
+        or not all(isinstance(c, str) and c.strip() for c in choices)
+        or len(set(choices)) != len(choices)
+    ):
+        raise ValueError(
+            f"choice={choices!r}: give a list of at least two distinct strings that are not "
+            'blank, e.g. .bind(choice=["STOP", "CONTINUE"])'
+        )
+    return list(choices)
+
+
+def _with(messages: Messages, reply: str) -> Messages:
+    """`messages` with `reply` continuing the final assistant message, or as a new one."""
+    if messages and messages[-1]["role"] == "assistant":
+        last = messages[-1]
+        return [*messages[:-1], {**last, "content": f"{last['content']}{reply}"}]
+    return [*messages, {"role": "assistant", "content": reply}]
+
+
+def choice_logprobs(
+    policy: ScoringPolicy, messages: Messages, choices: Sequence[str]
+) -> list[float]:
+    """Return log p(choice | messages) under `policy`'s model for each choice, in order.
+
+    A choice continues a final assistant message as written (give it its leading space, e.g.
+    " STOP" after "Conclusion:"); otherwise it is scored as the whole of a new reply. Every
+    choice is scored from the first token where any of them departs from the prompt (a choice
+    that merges with the prompt's last token is then compared fairly). The end of turn is not
+    scored: a choice may be followed by anything.
+
+    Raises:
+        ValueError: the prompt with a choice does not fit the model's context window.
+
+    """
+    import torch
+
+    handle = policy.handle
+    tokenizer, model = handle.tokenizer, handle.model
+    base = chat_prompt_ids(tokenizer, messages)  # ends where every choice begins
+    rows = [chat_prompt_ids(tokenizer, _with(messages, choice)) for choice in choices]
+    start = max(1, min(_shared(base, row) for row in rows))
+    width = max(len(row) for row in rows)
+    window = getattr(policy, "context_window", None) or getattr(
+        model.config, "max_position_embeddings", None
+    )
+    if window is not None and width > window:
+        raise ValueError(
+            f"a choice's prompt is {width} tokens, over the model's {window}-token window: "
+            "shorten the conversation"
+        )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows], device=model.device)
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    keep = width - start + 1  # the logits that predict tokens start .. width - 1
+    with handle.lock, policy.forward_scope(), torch.no_grad():
+        mask = mask.to(model.device)
+        out = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep, use_cache=False)
+    logits = out.logits[:, -keep:-1].float()  # position p predicts token p + 1
+    picked = torch.log_softmax(logits, dim=-1).gather(2, ids[:, start:].unsqueeze(2)).squeeze(2)
+    real = mask[:, start:].bool()
+    return [float(x) for x in (picked * real).sum(dim=1).tolist()]
+
+
+def choose(
+    policy: ScoringPolicy, messages: Messages, choices: list[str], temperature: float = 0.0
+) -> tuple[str, dict[str, Any]]:
+    """Return the likeliest of `choices` (sampled at `temperature` > 0) and the reply's metadata.
+
+    The metadata holds the choices' scores (`choice_logprobs`) and a note saying the choice.
+    """
+    import torch
+
+    scores = choice_logprobs(policy, messages, choices)
+    if temperature > 0:
+        weights = torch.softmax(torch.tensor(scores) / temperature, dim=0)
+        best = choices[int(torch.multinomial(weights, 1))]
+    else:
+        best = choices[scores.index(max(scores))]
+    said = ", ".join(f"{c!r} {s:.2f}" for c, s in zip(choices, scores, strict=True))
+    how = f"sampled at temperature {temperature}" if temperature > 0 else "the likeliest"
+    return best, {
+        "finish_reason": "stop",
+        "choice_logprobs": dict(zip(choices, scores, strict=True)),
+        "notes": [f"engine chose {best!r}, {how} by its log-probabilities ({said})"],
+    }
+
+
+def _shared(base: list[int], row: list[int]) -> int:
+    """How many leading tokens `row` shares with `base` (where its choice's tokens begin)."""
+    n = 0
+    while n < min(len(base), len(row)) and base[n] == row[n]:
+        n += 1
+    return n

@@ -1,12 +1,11 @@
-"""What one policy call is asked for and what it gives back: sampling settings and a generation."""
+"""The engine's input and output: sampling settings in, a generation (ids and logprobs) out."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
-
-from flowlearn.nodes.schema.records import token_faithful
 
 Messages = list[dict[str, str]]
 """Chat messages as plain `{"role": ..., "content": ...}` dicts, the form transitions store."""
@@ -81,3 +80,21 @@ class Generation:
     def token_faithful(self) -> bool:
         """Whether this generation carries the token ids and logprobs training needs."""
         return token_faithful(vars(self))
+
+
+def token_faithful(record: Mapping[str, Any]) -> bool:
+    """Whether a transition (or generation) carries the ids and logprobs training needs.
+
+    The one rule: prompt ids present, completion ids present, one logprob per completion token.
+    """
+    prompt, completion, logprobs = (
+        record.get("prompt_ids"),
+        record.get("completion_ids"),
+        record.get("logprobs"),
+    )
+    return (
+        bool(prompt)
+        and completion is not None
+        and logprobs is not None
+        and (len(logprobs) == len(completion))
+    )

@@ -1,16 +1,33 @@
-"""A LangChain chat model over a local Hugging Face policy, usable as the fixed engine.
+"""The thin LangChain adapters: messages to and from the engine, and chat models over it.
 
-langchain-huggingface's chat model cannot return token ids and rejects tool messages; this one
-shares the planner's backend (one model in memory), streams tokens, and supports tool calling
-with a JSON convention small local models can follow (`chat_tools`). It honours LangChain's
-standard call settings: `stop` (an argument, a field, or `.bind(stop=[...])`) ends the call at
-the first stop string, and `max_tokens` (or `max_new_tokens`) sets the call's budget; a
-degenerate repetition ends it too (`stops.RepetitionRule`).
+1. `HFChatModel`: a LangChain chat model over a local policy, usable as the fixed engine.
+   langchain-huggingface's chat model cannot return token ids and rejects tool messages; this
+   one shares the planner's backend (one model in memory), streams tokens, and supports tool
+   calling with a JSON convention small local models can follow (`TOOL_CALL_INSTRUCTIONS`). It
+   honours LangChain's standard call settings: `stop` (an argument, a field, or
+   `.bind(stop=[...])`) ends the call at the first stop string, and `max_tokens` (or
+   `max_new_tokens`) sets the call's budget; a degenerate repetition ends it too
+   (`stops.RepetitionRule`).
+2. `ServerChatModel`: the fixed engine on an OpenAI-compatible server (vLLM), with
+   `HFChatModel`'s conventions. Everything but the forward passes stays as for a local engine,
+   so a flow behaves the same with its engine here or there, but for the verifier's follow-up (a
+   served engine writes it, a local one chooses it: `scores_choices`). The model's chat template
+   is applied here with its tokenizer and the prompt goes to `/v1/completions` as token ids
+   (`ServerPolicy`); tools are called by the same JSON convention with the same prefill; stop
+   strings travel as the request's `stop`, and the call's `StopWatch` (stop strings, a closed
+   tool call, a degenerate repetition) is run over the ids the server returns, cutting them
+   where a local decode would have stopped. This is how one vLLM server serves both roles while
+   training: the planner's LoRA adapter under its own name, the engine as the base model
+   (`--engine-url` with `--engine` naming it).
+3. `ChatModelPolicy`: the other way round, any LangChain chat model as the planner's policy
+   (inference only).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -20,6 +37,7 @@ from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
     BaseMessage,
+    HumanMessage,
     SystemMessage,
     ToolMessage,
 )
@@ -29,18 +47,41 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
 
-from flowlearn.nodes.policies.chat_tools import (
-    TOOL_CALL_INSTRUCTIONS,
-    call_prefix,
-    parse_tool_calls,
-    salvage_forced_call,
-)
-from flowlearn.nodes.policies.choices import ScoringPolicy, check_choices, choose
-from flowlearn.nodes.policies.hf import LocalPolicy, stream_text
-from flowlearn.nodes.policies.stops import RepetitionRule, StopWatch, held_back
-from flowlearn.nodes.schema.sampling import Generation, Messages, Sampling
+from flowlearn.engine.local import LocalPolicy, ScoringPolicy, check_choices, choose, stream_text
+from flowlearn.engine.sampling import Generation, Messages, Sampling
+from flowlearn.engine.server import ServerPolicy
+from flowlearn.engine.stops import RepetitionRule, StopWatch, held_back
 
-__all__ = ["HFChatModel", "parse_tool_calls", "to_chat_dicts"]
+__all__ = [
+    "ChatModelPolicy",
+    "HFChatModel",
+    "ServerChatModel",
+    "parse_tool_calls",
+    "to_chat_dicts",
+    "to_langchain",
+]
+
+_CLASSES: dict[str, type[BaseMessage]] = {
+    "system": SystemMessage,
+    "user": HumanMessage,
+    "assistant": AIMessage,
+}
+
+
+def to_langchain(messages: Sequence[dict[str, str]]) -> list[BaseMessage]:
+    """Turn `{"role", "content"}` dicts into LangChain messages.
+
+    Raises:
+        ValueError: a role other than system, user or assistant.
+
+    """
+    out: list[BaseMessage] = []
+    for message in messages:
+        role = message["role"]
+        if role not in _CLASSES:
+            raise ValueError(f"unknown message role {role!r}; use one of {sorted(_CLASSES)}")
+        out.append(_CLASSES[role](content=message["content"]))
+    return out
 
 
 def to_chat_dicts(messages: Sequence[BaseMessage]) -> Messages:
@@ -65,6 +106,114 @@ def to_chat_dicts(messages: Sequence[BaseMessage]) -> Messages:
     return out
 
 
+class ChatModelPolicy:
+    """Use any LangChain chat model as the planner, for inference only.
+
+    Its transitions carry text but no token ids, so training refuses them. When the model has
+    `temperature` / `top_p` fields (as most LangChain chat models do), the requested values are
+    applied to a copy of it, so planner sampling settings are never silently dropped.
+    """
+
+    def __init__(self, model: BaseChatModel, *, version: str | None = None) -> None:
+        self.model = model
+        self.version = version or type(model).__name__
+
+    def generate(self, messages: Messages, sampling: Sampling) -> Generation:
+        """Call the chat model once and wrap its text."""
+        model = self.model
+        fields = type(model).model_fields
+        update: dict[str, Any] = {
+            k: getattr(sampling, k) for k in ("temperature", "top_p") if k in fields
+        }
+        if update:
+            model = model.model_copy(update=update)
+        start = time.perf_counter()
+        reply = model.invoke(to_langchain(messages))
+        return Generation(
+            text=reply.text,
+            policy_version=self.version,
+            sampling=sampling.as_dict(),
+            seconds=time.perf_counter() - start,
+        )
+
+
+# The JSON tool-call convention of the local chat model: instructions, parsing and salvage.
+
+TOOL_CALL_INSTRUCTIONS = """\
+You can call these tools:
+{tools}
+To call a tool, reply with only a JSON object: {{"name": "<tool name>", "arguments": {{...}}}}"""
+
+
+def parse_tool_calls(
+    text: str, tools: Sequence[dict[str, Any]], tool_choice: str | None
+) -> list[dict[str, Any]]:
+    """Read `{"name", "arguments"}` JSON objects out of a reply; never raises.
+
+    With a forced `tool_choice`, a bare JSON object is taken as that tool's arguments.
+    """
+    decoder = json.JSONDecoder()
+    names = {t["function"]["name"] for t in tools}
+    calls: list[dict[str, Any]] = []
+    index = 0
+    while (start := text.find("{", index)) != -1:
+        try:
+            value, index = decoder.raw_decode(text, start)
+        except ValueError:
+            value, index = _close_json(text[start:]), start + 1
+            if value is None:
+                continue
+        if not isinstance(value, dict):
+            continue
+        name, args = value.get("name"), value.get("arguments", value.get("args"))
+        if isinstance(name, str) and name in names and isinstance(args, dict):
+            calls.append({"name": name, "args": args, "id": f"call_{len(calls)}"})
+        elif tool_choice in names and not calls:
+            calls.append({"name": tool_choice, "args": value, "id": "call_0"})
+    return calls
+
+
+def _close_json(fragment: str) -> Any:
+    """Parse a JSON object a model left unclosed (ran out of tokens, or stopped early)."""
+    decoder = json.JSONDecoder()
+    for closing in ("}", "}}", '"}', '"}}'):
+        try:
+            return decoder.raw_decode(fragment.rstrip().rstrip(",") + closing)[0]
+        except ValueError:
+            continue
+    return None
+
+
+def call_prefix(function: dict[str, Any]) -> str:
+    """Open a call's JSON up to its first argument's value."""
+    head = '{"name": ' + json.dumps(function["name"]) + ', "arguments": {'
+    params = function.get("parameters", {})
+    props: dict[str, Any] = params.get("properties", {})
+    first = next(iter(params.get("required") or props), None)
+    if first is None:
+        return head
+    quote = '"' if props.get(first, {}).get("type") == "string" else ""
+    return f"{head}{json.dumps(first)}: {quote}"
+
+
+def salvage_forced_call(prefill: str, completion: str) -> list[dict[str, Any]]:
+    """Read a forced call whose JSON never closed: the first string argument runs to its quote.
+
+    This is what constrained decoding would have produced; without it a small model's stray
+    quote would cost the whole call.
+    """
+    if not prefill.endswith('"'):
+        return []
+    opened = json.loads(prefill + '"}}')  # the prefill with an empty first value
+    (first,) = opened["arguments"]
+    raw = re.split(r'(?<!\\)"', completion, maxsplit=1)[0]
+    try:
+        value = json.loads(f'"{raw}"')
+    except ValueError:
+        value = raw
+    return [{"name": opened["name"], "args": {first: value}, "id": "call_0"}]
+
+
 class HFChatModel(BaseChatModel):
     """Chat model over a `LocalPolicy` (`HFPolicy`, `BatchingPolicy`): greedy, as an engine.
 
@@ -81,7 +230,7 @@ class HFChatModel(BaseChatModel):
     generated token, the last of which completes the stop string.
 
     A call given `choice` (a list of strings, as vLLM's structured outputs name it) replies with
-    one of them, the likeliest by the model's scores or sampled at a temperature (`choices`);
+    one of them, the likeliest by the model's scores or sampled at a temperature (`local.choose`);
     nothing is generated, so budget and stop strings do not apply, and tools are an error.
     """
 
@@ -303,3 +452,54 @@ def _chunk(piece: str, run_manager: CallbackManagerForLLMRun | None) -> ChatGene
     if run_manager:
         run_manager.on_llm_new_token(piece, chunk=chunk)
     return chunk
+
+
+class ServerChatModel(HFChatModel):
+    """A chat model whose completions come from a `ServerPolicy` that holds the tokenizer.
+
+    Greedy by default, as an engine. It streams as one chunk: the server's reply is read whole,
+    then cut by the call's watch, so nothing past a stop is ever shown.
+    """
+
+    policy: ServerPolicy = Field(exclude=True)  # type: ignore[assignment]
+    scores_choices: ClassVar[bool] = False
+    """A `choice` call is refused, so the verifier's follow-up is written (`verifier`), not chosen
+    as a local engine's is. vLLM could score choices (`prompt_logprobs`) or constrain to them
+    (structured outputs' `choice`); not done: no vLLM here to check its replies against."""
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Refuse a server policy without the model's tokenizer.
+
+        Raises:
+            ValueError: no tokenizer: prompts could not be rendered nor replies watched here.
+
+        """
+        super().model_post_init(context)
+        if self.policy.tokenizer is None:
+            raise ValueError(
+                f"the engine on {self.policy.url} needs its model's tokenizer here, to render "
+                "its chat template and watch its replies: give ServerPolicy(tokenizer=...)"
+            )
+
+    @property
+    def _llm_type(self) -> str:
+        return "flowlearn-server"
+
+    def _tokenizer(self) -> Any:
+        return self.policy.tokenizer
+
+    def _stop_ids(self) -> set[int]:
+        eos = self.policy.tokenizer.eos_token_id
+        return set(eos if isinstance(eos, list) else [eos])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        chunk = self._whole_reply(messages, stop, run_manager, **kwargs)
+        if run_manager and chunk.text:
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk

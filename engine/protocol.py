@@ -1,0 +1,48 @@
+"""The planner's policy protocol and the backends' capabilities, as Protocols a node asks."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from flowlearn.engine.sampling import Generation, Messages, Sampling
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A trainable planner backend: chat messages in, text plus exact tokens out."""
+
+    def generate(self, messages: Messages, sampling: Sampling) -> Generation:
+        """Sample one completion for `messages`."""
+        ...
+
+
+@runtime_checkable
+class PrefillPolicy(Protocol):
+    """A policy that may continue a final assistant message (a prefill) rather than reply anew.
+
+    Policies that render the model's chat template themselves (`HFPolicy`, `BatchingPolicy`,
+    `ServerPolicy`, training's vLLM policy) set `continues_prefill = True`, so a planner with a
+    reply prefix opens their reply with it; a chat-model policy or a user's own gets the plain
+    prompt.
+    """
+
+    continues_prefill: bool
+
+
+@runtime_checkable
+class ChoosingModel(Protocol):
+    """A chat model a call may give `choice=[...]`: it replies with the likeliest of them."""
+
+    def can_choose(self) -> bool:
+        """Say whether this model can score choices (a local model's scores are at hand)."""
+        ...
+
+
+def continues_prefill(policy: object) -> bool:
+    """Say whether `policy` continues a prefill (`PrefillPolicy` with the flag on)."""
+    return isinstance(policy, PrefillPolicy) and policy.continues_prefill is True
+
+
+def can_choose(engine: object) -> bool:
+    """Say whether `engine` can reply by choice (`ChoosingModel` that says it can)."""
+    return isinstance(engine, ChoosingModel) and engine.can_choose()

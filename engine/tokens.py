@@ -1,0 +1,504 @@
+"""The token-in/token-out core: prompt ids and `Sampling` in, completion ids and logprobs out.
+
+No chat template and no LangChain here (the policies over it, `local`, render the chat). One
+call decodes alone through transformers' `generate` (`sample`); calls that arrive together are
+decoded together by `BatchDecoder`: a continuous batch that prompts join (a group per shared
+prefix, stacked onto the running KV cache, left-padded) and finished rows leave, each row with
+its own sampling settings, generator and stop watch. Either way a call gets back exactly the ids
+fed and sampled, with `log_softmax(logits / temperature)` of each sampled token (temperature 1
+for greedy), the distribution it was drawn from and the one training recomputes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from flowlearn.engine.sampling import Generation, Sampling
+from flowlearn.engine.stops import StopWatch
+
+
+@dataclass(eq=False)
+class ModelHandle:
+    """A causal LM, its tokenizer, and the lock that serialises every call into the model.
+
+    Policies over one model (the trained planner, its batching wrapper, the frozen base serving
+    as engine with the LoRA adapter switched off) are built on one handle and so share its
+    lock: the adapter switch is global to the model, so they must never run at once. The lock
+    is re-entrant, so a caller may hold it around a call. Build a second policy over a model
+    with `HFPolicy.on(policy.handle)`; a policy built from the bare model gets a handle, and a
+    lock, of its own.
+    """
+
+    model: Any
+    tokenizer: Any
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def stop_ids(self) -> set[int]:
+        """Return the token ids that end a completion (the model's EOS, else the tokenizer's)."""
+        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
+        return set(eos if isinstance(eos, list) else [eos])
+
+
+@runtime_checkable
+class TokenModel(Protocol):
+    """What the core decodes on: a model handle, the version it records, its forward scope.
+
+    `HFPolicy` is one; a `FrozenBasePolicy`'s scope switches its LoRA adapter off.
+    """
+
+    @property
+    def handle(self) -> ModelHandle:
+        """The model, tokenizer and lock the calls run on."""
+        ...
+
+    @property
+    def version(self) -> str:
+        """The policy version recorded in every generation."""
+        ...
+
+    def forward_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Return the context the model's forwards run in (the handle's lock held)."""
+        ...
+
+
+@contextmanager
+def only_config(model: Any, config: Any) -> Iterator[None]:
+    """Make `config` the model's own generation config for one call, then restore the old one.
+
+    `generate` fills every field a passed config leaves unset from `model.generation_config`
+    (transformers 5 still merges them), so a checkpoint's `repetition_penalty`,
+    `no_repeat_ngram_size`, `min_p`, `suppress_tokens`, ... would reshape sampling behind the
+    logged logprobs. With `config` as the model's own, only the library's neutral defaults fill
+    the gaps. PEFT copies its config onto the base model, so the base's is restored too. The
+    caller holds the handle's lock; `config` carries the model's EOS, which `stop_ids` reads.
+    """
+    owners = [model]
+    if hasattr(model, "get_base_model"):
+        owners.append(model.get_base_model())
+    saved = [owner.generation_config for owner in owners]
+    for owner in owners:
+        owner.generation_config = config
+    try:
+        yield
+    finally:
+        for owner, old in zip(owners, saved, strict=True):
+            owner.generation_config = old
+
+
+def sample(
+    model: TokenModel,
+    prompt_ids: list[int],
+    sampling: Sampling,
+    *,
+    notes: Sequence[str] = (),
+    streamer: Any = None,
+    stopping: StopWatch | None = None,
+) -> Generation:
+    """Decode one completion of `prompt_ids` alone and return its ids and per-token logprobs.
+
+    Args:
+        model: the model to decode on, in its forward scope, holding its handle's lock.
+        prompt_ids: the prompt's token ids, fed as they are.
+        sampling: temperature, top_p, max_new_tokens and seed.
+        notes: what the caller changed on the way (a cut prompt), kept in the generation.
+        streamer: an optional transformers streamer that receives tokens as they come.
+        stopping: an optional watch that ends the call early, as a `StoppingCriteria`.
+
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    handle = model.handle
+    lm, tokenizer = handle.model, handle.tokenizer
+    greedy = sampling.temperature == 0
+    # Only what `sampling` names: top_k=0 turns off the library's default top_k=50, and
+    # `only_config` keeps the model's own config from filling the fields left unset.
+    shape = (
+        {"do_sample": False}
+        if greedy
+        else {
+            "do_sample": True,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": 0,
+        }
+    )
+    config = GenerationConfig(
+        **shape,
+        max_new_tokens=sampling.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=lm.generation_config.eos_token_id or tokenizer.eos_token_id,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    start = time.perf_counter()
+    with handle.lock, model.forward_scope(), torch.no_grad(), only_config(lm, config):
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        inputs = torch.tensor([prompt_ids], device=lm.device)
+        out = lm.generate(
+            input_ids=inputs,
+            attention_mask=torch.ones_like(inputs),
+            generation_config=config,
+            streamer=streamer,
+            stopping_criteria=[stopping.criteria(len(prompt_ids))] if stopping else None,
+        )
+    completion = out.sequences[0, len(prompt_ids) :].tolist()
+    completion = completion[: len(out.logits)]
+    logprobs = token_logprobs(out.logits, completion, sampling.temperature)
+    return Generation(
+        text=tokenizer.decode(completion, skip_special_tokens=True),
+        prompt_ids=prompt_ids,
+        completion_ids=completion,
+        logprobs=logprobs,
+        policy_version=model.version,
+        sampling=sampling.as_dict(),
+        seconds=time.perf_counter() - start,
+        notes=list(notes),
+    )
+
+
+def token_logprobs(logits: Any, token_ids: list[int], temperature: float) -> list[float]:
+    """Return log p(token) under `log_softmax(logits / temperature)` for each step's token.
+
+    `logits` are per-step raw logits, (1, vocab) tensors or one (steps, vocab) tensor; greedy
+    (temperature 0) is scored at temperature 1.
+    """
+    import torch
+
+    if not token_ids:
+        return []
+    stacked = torch.stack([row.reshape(-1) for row in logits[: len(token_ids)]]).float()
+    scaled = stacked / (temperature if temperature > 0 else 1.0)
+    chosen = torch.tensor(token_ids, device=scaled.device).unsqueeze(1)
+    picked = torch.log_softmax(scaled, dim=-1).gather(1, chosen).squeeze(1)
+    return [float(x) for x in picked.tolist()]
+
+
+# Batched decoding: the tensor operations (plain tensors and transformers' `DynamicCache`
+# through its public `layers[i].keys` / `.values`, `batch_select_indices` and
+# `batch_repeat_interleave`), then the continuous loop over them.
+
+
+def prefix_groups(prompts: list[list[int]], min_shared_prefix: int) -> list[list[int]]:
+    """Group prompt indices so that each group's prompts share `min_shared_prefix` tokens.
+
+    Sorted by their tokens, prompts with long common prefixes sit next to each other; a group
+    ends where the next prompt shares less than `min_shared_prefix` tokens with it.
+    """
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    groups = [[order[0]]]
+    for i in order[1:]:
+        if shared_prefix_length([prompts[groups[-1][0]], prompts[i]]) >= min_shared_prefix:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """Return how many leading tokens all prompts share, leaving each at least one of its own."""
+    first, shortest = prompts[0], min(len(p) for p in prompts)
+    length = 0
+    while length < shortest - 1 and all(p[length] == first[length] for p in prompts):
+        length += 1
+    return length
+
+
+def stack(groups: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, Any, Any, Any]:
+    """Join the groups' (cache, mask, last positions, logits) into one batch, left-padded."""
+    import torch
+    import torch.nn.functional as F
+
+    width = max(mask.shape[1] for _, mask, _, _ in groups)
+    cache = groups[0][0]
+    for index, layer in enumerate(cache.layers):
+        for name in ("keys", "values"):
+            padded = [
+                F.pad(getattr(c.layers[index], name), (0, 0, width - m.shape[1], 0))
+                for c, m, _, _ in groups
+            ]
+            setattr(layer, name, torch.cat(padded))
+    mask = torch.cat([F.pad(m, (width - m.shape[1], 0)) for _, m, _, _ in groups])
+    last = torch.cat([last for _, _, last, _ in groups])
+    return cache, mask, last, torch.cat([logits for _, _, _, logits in groups])
+
+
+def generator(seed: int, device: Any) -> Any:
+    """Return a torch generator of its own for one request, seeded with `seed`."""
+    import torch
+
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def keep(rows: list[int], cache: Any, *tensors: Any) -> tuple[Any, ...]:
+    """Keep only `rows` of the KV cache and of each per-row tensor."""
+    import torch
+
+    index = torch.tensor(rows, device=tensors[0].device)
+    cache.batch_select_indices(index)
+    return (cache, *(t[index] for t in tensors))
+
+
+def trim_left(cache: Any, mask: Any) -> tuple[Any, Any]:
+    """Drop the leading columns that no row attends to any more (left by rows that left)."""
+    used = mask.any(0)
+    start = int(used.int().argmax())
+    if start == 0:
+        return cache, mask
+    for layer in cache.layers:
+        layer.keys = layer.keys[..., start:, :]
+        layer.values = layer.values[..., start:, :]
+    return cache, mask[:, start:]
+
+
+def pick_rows(
+    logits: Any, samplings: list[Sampling], generators: list[Any]
+) -> list[tuple[int, float]]:
+    """Choose one token per row as the single-call policy would, with its logprob.
+
+    All rows are scored in one `log_softmax` (temperature 0 is scored at 1); sampled rows draw
+    by inverse CDF from one uniform of their own generator, so a seeded request samples the
+    same tokens whatever shares its batch. Top-p truncates the tail before the draw; the
+    logprob stays the full distribution's.
+    """
+    import torch
+
+    temperatures = torch.tensor(
+        [s.temperature if s.temperature > 0 else 1.0 for s in samplings], device=logits.device
+    )
+    scaled = torch.log_softmax(logits / temperatures.unsqueeze(1), -1)
+    tokens = scaled.argmax(-1)
+    sampled = [j for j, s in enumerate(samplings) if s.temperature > 0]
+    if sampled:
+        index = torch.tensor(sampled, device=logits.device)
+        probs = scaled[index].exp()
+        top_p = torch.tensor([samplings[j].top_p for j in sampled], device=logits.device)
+        if bool((top_p < 1.0).any()):
+            ordered, order = torch.sort(probs, descending=True, dim=-1)
+            outside = ordered.cumsum(-1) - ordered > top_p.unsqueeze(1)
+            probs = probs.scatter(1, order, ordered.masked_fill(outside, 0.0))
+        cdf = probs.cumsum(-1)
+        draws = torch.cat(
+            [torch.rand(1, generator=generators[j], device=logits.device) for j in sampled]
+        )
+        chosen = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True)
+        tokens[index] = chosen.squeeze(1).clamp(max=probs.shape[1] - 1)
+    picked = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return list(zip(tokens.tolist(), picked.tolist(), strict=True))
+
+
+@dataclass
+class Request:
+    """One queued call: its prompt ids and settings, the ids sampled so far, its future."""
+
+    prompt_ids: list[int]
+    sampling: Sampling
+    notes: list[str] = field(default_factory=list)
+    future: Future[Generation] = field(default_factory=Future)
+    generator: Any = None
+    watch: StopWatch | None = None
+    """Ends the request early on a stop string or a degenerate repetition (the engine's)."""
+    completion: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    started: float = 0.0
+    seed: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        # An unseeded request draws its seed from torch's global generator, on the caller's
+        # thread, so `transformers.set_seed` (and TRL's `args.seed`) governs batched sampling
+        # as it governs a single `generate` call.
+        if self.sampling.seed is not None or self.sampling.temperature == 0:
+            self.seed = self.sampling.seed or 0  # greedy never draws
+        else:
+            import torch
+
+            self.seed = int(torch.randint(0, 2**62, ()).item())
+
+
+@dataclass
+class Running:
+    """The batch being decoded: one row per request, its KV cache and next-token logits."""
+
+    rows: list[Request]
+    cache: Any
+    mask: Any
+    last: Any
+    logits: Any
+
+
+@dataclass(eq=False)
+class BatchDecoder:
+    """Decode requests together on `policy`'s model, holding its handle's lock per forward.
+
+    A prefix of at least `min_shared_prefix` tokens shared by a group of prompts (the system
+    prompt, the planner's instructions and tool catalogue) is read once and its KV cache
+    repeated for every row of the group.
+    """
+
+    policy: TokenModel
+    min_shared_prefix: int = 32
+
+    def admit(self, running: Running | None, arrived: list[Request]) -> Running | None:
+        """Read the arrived prompts (a group per shared prefix) and stack them onto the batch.
+
+        A request whose prompt or sampler is bad fails alone; a group whose reading fails is
+        read again one request at a time, so only the culprit fails.
+        """
+        ready = [request for request in arrived if self._start(request)]
+        if not ready:
+            return running
+        groups = prefix_groups([r.prompt_ids for r in ready], self.min_shared_prefix)
+        reads = [read for group in groups for read in self._read([ready[i] for i in group])]
+        rows = [request for members, _ in reads for request in members]
+        parts = [part for _, part in reads]
+        if running is not None:
+            parts.insert(0, (running.cache, running.mask, running.last, running.logits))
+            rows = running.rows + rows
+        if not parts:
+            return running
+        cache, mask, last, logits = stack(parts) if len(parts) > 1 else parts[0]
+        return Running(rows, cache, mask, last, logits)
+
+    def _start(self, request: Request) -> bool:
+        """Check a request and give it its generator; False when it is already done or failed."""
+        model = self.policy.handle.model
+        limit = getattr(model.config, "max_position_embeddings", None)
+        try:
+            prompt, budget = request.prompt_ids, request.sampling.max_new_tokens
+            if not prompt:
+                raise ValueError("empty prompt: the chat template produced no tokens")
+            if limit is not None and len(prompt) + budget > limit:
+                raise ValueError(
+                    f"prompt of {len(prompt)} tokens + {budget} new tokens exceeds the "
+                    f"model's {limit} positions; shorten the prompt or the budget"
+                )
+            request.generator = generator(request.seed, model.device)
+        except Exception as exc:
+            request.future.set_exception(exc)
+            return False
+        request.started = time.perf_counter()
+        if budget <= 0:
+            self._finish(request)
+            return False
+        return True
+
+    def _read(self, members: list[Request]) -> list[tuple[list[Request], Any]]:
+        """Prefill a group; if that fails, each member alone, so only the culprit fails."""
+        import torch
+
+        try:
+            with self.policy.handle.lock, self.policy.forward_scope(), torch.no_grad():
+                return [(members, self._prefill([r.prompt_ids for r in members]))]
+        except Exception as exc:
+            if len(members) == 1:
+                members[0].future.set_exception(exc)
+                return []
+            return [read for request in members for read in self._read([request])]
+
+    def step(self, running: Running) -> Running | None:
+        """Pick every row's next token, finish the requests that are done, decode one step."""
+        import torch
+
+        rows = running.rows
+        picked = pick_rows(
+            running.logits.float(), [r.sampling for r in rows], [r.generator for r in rows]
+        )
+        stops = self.policy.handle.stop_ids()
+        kept = []
+        for j, (request, (token, logprob)) in enumerate(zip(rows, picked, strict=True)):
+            request.completion.append(token)
+            request.logprobs.append(logprob)
+            if (
+                token in stops
+                or len(request.completion) >= request.sampling.max_new_tokens
+                or (request.watch is not None and request.watch.update(request.completion))
+            ):
+                self._finish(request)
+            else:
+                kept.append(j)
+        if not kept:
+            return None
+        model = self.policy.handle.model
+        chosen = torch.tensor([token for token, _ in picked], device=model.device)
+        cache, mask, last = running.cache, running.mask, running.last
+        if len(kept) < len(rows):  # finished rows leave the batch: no work on them
+            cache, mask, last, chosen = keep(kept, cache, mask, last, chosen)
+            cache, mask = trim_left(cache, mask)
+            rows = [rows[j] for j in kept]
+        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
+        last = last + 1
+        with self.policy.handle.lock, self.policy.forward_scope(), torch.no_grad():
+            out = model(
+                input_ids=chosen.unsqueeze(1),
+                attention_mask=mask,
+                position_ids=last.unsqueeze(1),
+                use_cache=True,
+                cache=cache,
+            )
+        return Running(rows, out.cache, mask, last, out.logits[:, -1, :])
+
+    def _finish(self, request: Request) -> None:
+        request.future.set_result(
+            Generation(
+                text=self.policy.handle.tokenizer.decode(
+                    request.completion, skip_special_tokens=True
+                ),
+                prompt_ids=request.prompt_ids,
+                completion_ids=request.completion,
+                logprobs=request.logprobs,
+                policy_version=self.policy.version,
+                sampling=request.sampling.as_dict(),
+                seconds=time.perf_counter() - request.started,
+                notes=request.notes,
+            )
+        )
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any, Any]:
+        """Read a group of prompts; return their KV cache, mask, last positions, next logits.
+
+        Layout: [shared prefix][left padding][each prompt's own tail]. A prefix of at least
+        `min_shared_prefix` tokens is read once and its KV repeated for every row; positions
+        follow the mask, so each token sits where it would in a single call.
+        """
+        import torch
+
+        from flowlearn.engine.kv_cache import appending_cache  # imports transformers
+
+        model, tokenizer, n = self.policy.handle.model, self.policy.handle.tokenizer, len(prompts)
+        device = model.device
+        shared = shared_prefix_length(prompts) if n > 1 else 0
+        if shared < self.min_shared_prefix:
+            shared = 0
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        width = max(len(p) for p in prompts) - shared
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        mask = torch.zeros((n, shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
+        for i, prompt in enumerate(prompts):
+            tail = prompt[shared:]
+            ids[i, width - len(tail) :] = torch.tensor(tail)
+            mask[i, shared + width - len(tail) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = appending_cache(model.config)  # decoding steps append in place, not by copying
+        if shared:
+            head = torch.tensor([prompts[0][:shared]], device=device)
+            model(input_ids=head, use_cache=True, logits_to_keep=1, cache=cache)
+            cache.batch_repeat_interleave(n)
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions[:, shared:],
+            use_cache=True,
+            logits_to_keep=1,  # the prompt's logits are never needed, only the next one's
+            cache=cache,
+        )
+        return out.cache, mask, positions[:, -1], out.logits[:, -1, :]
