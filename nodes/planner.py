@@ -226,7 +226,6 @@ def make_planner(
     tools = list(tools)
     generate = retrying(policy.generate, retry)
     prefix = prompts.planner_reply_prefix if continues_prefill(policy) else None
-    stop = plan_stop(policy, prefix)
     ask = None
     if analysis_engine is not None:
         ask = role_call(analysis_engine, retry, max_tokens=prompts.budgets.query_analysis)
@@ -282,7 +281,9 @@ def make_planner(
             prefill=prefix is not None,
             prompts=prompts,
         )
-        gen = generate(messages, sampling.for_call(state["question"], turn), **stop)
+        # a fresh watch per call: it keeps the state of the one generation it watches
+        stopping = plan_stop(policy, prefix)
+        gen = generate(messages, sampling.for_call(state["question"], turn), **stopping)
         return record_decision(update, turn, messages, gen, available, runtime, prefix)
 
     return planner

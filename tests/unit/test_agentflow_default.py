@@ -163,3 +163,41 @@ def test_flowlearn_run_on_a_plain_model_folder_saves_agentflow_prompts(
     assert_agentflow_planner_prompt(planner["messages"][-1]["content"])
     everything = prompts_of(run["transitions"])
     assert not any(name in everything for name in SMALL_MODEL_EXAMPLES)
+
+
+def test_each_planner_call_gets_a_fresh_stop_watch() -> None:
+    """A stop watch keeps the state of the one generation it watches: shared across calls, the
+    first plan's stop would end every later plan at its first token."""
+    from flowlearn.engine import Generation
+
+    class Tokenizer:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return "".join(map(chr, ids))
+
+    class LocalStandIn:
+        continues_prefill = True
+        handle = SimpleNamespace(tokenizer=Tokenizer())
+        version = "stand-in"
+
+        def __init__(self) -> None:
+            self.watches: list[Any] = []
+
+        def generate(
+            self, messages: Any, sampling: Any, *, streamer: Any = None, stopping: Any = None
+        ) -> Generation:
+            assert stopping.reason is None  # a watch that has not fired yet
+            self.watches.append(stopping)
+            text = " add\nJustification: j\nContext: c\nSub-Goal: s\n"
+            ids = [ord(c) for c in text]
+            assert stopping.update(ids) and stopping.reason == "stop"  # the plan is complete
+            return Generation(
+                text=text, prompt_ids=[1], completion_ids=ids, logprobs=[-0.1] * len(ids)
+            )
+
+    policy = LocalStandIn()
+    node = make_planner(policy, [add], prompts=SMOLLM2_PROMPTS)
+    for _ in range(2):
+        update = node({"question": "2+3?"}, SimpleNamespace(context=Context()))
+        assert update["plan"]["tool"] == "add"
+    first, second = policy.watches
+    assert first is not second
