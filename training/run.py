@@ -37,6 +37,7 @@ from flowlearn.files import save_atomically, write_text_atomically
 from flowlearn.nodes.policies.handle import ModelHandle
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, write_prompts_record
 from flowlearn.training.config import FlowGRPOConfig
+from flowlearn.training.model import check_finite_weights
 from flowlearn.training.rollouts import Rollouts, format_penalty, new_run_id
 from flowlearn.training.rows import StepCredit
 from flowlearn.training.trainer import FlowGRPOTrainer
@@ -202,10 +203,12 @@ def save_final(
 
     With `prompts`, the folder names the prompt set it was trained under, so `flowlearn run`
     and `eval` serve it with the same (`nodes.prompts.PROMPTS_RECORD`). Under `accelerate
-    launch` only the main process writes; the others wait for it.
+    launch` only the main process writes; the others wait for it. A model with a NaN or
+    infinite weight is refused (`TrainingDivergedError`) and nothing is written.
     """
     accelerator = trainer.accelerator
     accelerator.wait_for_everyone()
+    check_finite_weights(accelerator.unwrap_model(trainer.model))  # every process: none waits
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
         if merge:
