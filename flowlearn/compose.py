@@ -10,6 +10,7 @@ load torch and TRL, so they are imported only by the functions that build a trai
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -398,6 +399,49 @@ def load_work(
         raise UsageError(str(exc)) from exc
     name = benchmark or Path(str(data)).stem
     return name, cases, score, BENCHMARKS.get(benchmark or "")
+
+
+def run_settings(
+    spec: FlowSpec,
+    context: Context,
+    *,
+    benchmark: str | None,
+    data: str | Path | None,
+    scorer: str | None,
+    limit: int | None,
+    judge: str | None = None,
+) -> dict[str, Any]:
+    """Return the settings a run's results depend on, as eval and collect record them.
+
+    Computed from the names alone, before any model loads, so a rerun into another run's
+    output is refused at once (`flowlearn.outputs`). The data is the benchmark's name or the
+    file's SHA-256, so an edited file counts as other data.
+    """
+    if data is not None:
+        try:
+            digest = hashlib.sha256(Path(data).read_bytes()).hexdigest()[:16]
+        except OSError as exc:
+            raise UsageError(f"--data {data}: {exc.strerror or exc}") from None
+        source = f"file {Path(data).name} sha256:{digest}"
+    else:
+        source = f"benchmark {benchmark}"
+    bench = BENCHMARKS.get(benchmark or "")
+    prompts = spec.prompt_set()
+    return {
+        "data": source,
+        "limit": limit,
+        "scorer": f"judge {judge}" if judge else scorer or (bench.scorer if bench else None),
+        "planner": f"{spec.planner} at {spec.planner_url}" if spec.planner_url else spec.planner,
+        "engine": f"{spec.engine} at {spec.engine_url}" if spec.engine_url else spec.engine,
+        "engine_max_new_tokens": spec.engine_max_new_tokens,
+        "prompts": prompts.name,
+        "query_analysis": runs_analysis(context, prompts),
+        "tools": sorted(context.tools or spec.bound_tools()),
+        "corpus": spec.corpus,
+        "max_turns": context.max_turns,
+        "max_seconds": context.max_seconds,
+        **{key: value for key, value in context.planner_sampling().as_dict().items()},
+    }
 
 
 # Local models ------------------------------------------------------------------------------
