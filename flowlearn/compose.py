@@ -53,6 +53,7 @@ from flowlearn.nodes.prompts import (
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, Isolation, default_tools
+from flowlearn.nodes.tools.local_search import load_index
 from flowlearn.nodes.tools.python_sandbox import ISOLATIONS
 from flowlearn.nodes.tools.web_search import KEY_ENV as TAVILY_KEY_ENV
 
@@ -216,6 +217,11 @@ def check_names(
         )
     if spec.corpus is not None and not Path(spec.corpus).expanduser().is_file():
         raise UsageError(f"corpus {spec.corpus} is not a file; give a JSONL corpus")
+    if spec.corpus is not None:
+        try:  # read now (and cached): /etc/passwd is a file, not a corpus
+            load_index(spec.corpus)
+        except (ValueError, OSError) as exc:
+            raise UsageError(f"--corpus {spec.corpus} is not a JSONL corpus: {exc}") from None
     if spec.python_isolation not in ISOLATIONS:
         raise UsageError(
             f"unknown python isolation {spec.python_isolation!r} "
@@ -244,6 +250,10 @@ def check_names(
         check_model_name(name)
 
 
+MODEL_FILES = ("config.json", "adapter_config.json")
+"""A folder holding one of these is a model (or adapter) folder."""
+
+
 def check_model_name(name: str) -> None:
     """Refuse a model name that can only mean a local path, when nothing is there."""
     path = Path(name).expanduser()
@@ -252,6 +262,11 @@ def check_model_name(name: str) -> None:
         raise UsageError(
             f"model {name!r} does not exist: name a local folder, a .gguf file, a hub id, "
             "or 'default' for the embedded SmolLM2"
+        )
+    if path.is_dir() and not any((path / f).is_file() for f in MODEL_FILES):
+        raise UsageError(
+            f"model folder {name!r} holds no model (no {' or '.join(MODEL_FILES)}); name a "
+            "folder a model was saved to, a .gguf file or a hub id"
         )
 
 
