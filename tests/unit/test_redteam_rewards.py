@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from flowlearn.errors import DataError, TrainingDivergedError
+from flowlearn.outputs import MARKER
 from flowlearn.training.trajectories import (
     Trajectory,
     TrajectoryStore,
@@ -136,7 +137,8 @@ def test_train_on_a_poisoned_trajectory_file_exits_naming_it_and_writes_nothing(
     assert status in (1, 2)
     assert "poisoned.jsonl:2: field reward" in err and "not a finite number" in err
     assert not (out / "final").exists()
-    assert not out.exists() or not any(out.iterdir())  # nothing written
+    written = {p.name for p in out.iterdir()} if out.exists() else set()
+    assert written <= {MARKER}  # nothing but the folder's run marker
 
 
 def poisoned_trainer(tiny_model_dir: Path, tmp_path: Path) -> Any:
