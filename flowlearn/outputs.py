@@ -85,14 +85,16 @@ def claim_folder(
     flag: str = "--out",
     adopt: Collection[str] = (),
     free_to_change: Collection[str] = (),
-) -> dict[str, Any]:
+    create: bool = True,
+) -> dict[str, Any] | None:
     """Make `folder` this run's output folder, or refuse it; return its marker.
 
     A missing or empty folder is created and marked. A marked one is reused when the marker
     names `command` and its settings match `settings` (keys in `free_to_change` may differ:
     they change which work is done, not how). An unmarked folder holding a file named in
     `adopt` (a record an older flowlearn wrote, e.g. training's `run.json`) is marked and
-    reused. Anything else is refused.
+    reused. Anything else is refused. With `create=False` only the checks run (before any
+    work starts) and nothing is written; None comes back where a marker would be created.
 
     Raises:
         UsageError: a foreign, unsafe or differently-set-up folder, naming it and the fix.
@@ -112,6 +114,8 @@ def claim_folder(
                 f"{command} (no {MARKER}); give a new folder (nothing in it is deleted or "
                 "overwritten)"
             )
+        if not create:
+            return None
         folder.mkdir(parents=True, exist_ok=True)
         marker = _create_marker(marker_path, command, settings)
     return _check_marker(marker, marker_path, command, settings, flag, free_to_change)

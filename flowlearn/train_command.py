@@ -35,7 +35,7 @@ def train_command(args: argparse.Namespace) -> int:
         resume_from = resume_point(config)  # checked before any model is loaded
         resuming = config.resume or resume_from is not None
         check_run(config, resuming=resuming)  # stored rollouts
-        claim_output_dir(config, resuming=resuming)  # a folder of its own, before any model
+        claim_output_dir(config, resuming=resuming, create=False)  # checked, nothing written
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
     try:

@@ -244,21 +244,22 @@ def save_final(
     return folder
 
 
-def claim_output_dir(config: Any, *, resuming: bool) -> None:
+def claim_output_dir(config: Any, *, resuming: bool, create: bool = True) -> None:
     """Make `output_dir` this training run's, or refuse it (`flowlearn.outputs.claim_folder`).
 
     A folder another command made, or one holding files flowlearn did not write, is refused;
     so is a fresh run (no `resume`) where an earlier run left checkpoints or a final policy,
     which it would mix its own into or replace. A folder of an older flowlearn's run (its
-    `run.json`, no marker) is adopted.
+    `run.json`, no marker) is adopted. With `create=False` it only checks (the CLI, before any
+    model loads) and writes nothing.
 
     Raises:
         UsageError: naming the folder and the fix (`--resume`, or a new output_dir).
 
     """
     out = Path(str(config.output_dir))
-    claim_folder(out, "train", flag="output_dir", adopt=(RUN_FILE,))
-    if resuming:
+    claim_folder(out, "train", flag="output_dir", adopt=(RUN_FILE,), create=create)
+    if resuming or not out.is_dir():
         return
     earlier = sorted(
         p.name
