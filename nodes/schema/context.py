@@ -101,8 +101,8 @@ class Context:
             # NaN compares false with everything, so `<= 0` let it through and switched the
             # budget off; inf is "no limit" in disguise: None says that.
             raise ValueError(
-                f"max_seconds must be > 0 and <= {MAX_SECONDS:g} (a finite number of seconds), "
-                f"or None for no limit; got {self.max_seconds!r}"
+                "max_seconds must be > 0 (a finite number of seconds) and at most "
+                f"{MAX_SECONDS:g} (a week), or None for no limit; got {self.max_seconds!r}"
             )
         try:
             self.planner_sampling()
@@ -118,8 +118,8 @@ class Context:
             )
         if not _positive(self.tool_timeout_s, MAX_TOOL_TIMEOUT_S):
             raise ValueError(
-                f"tool_timeout_s must be > 0 and <= {MAX_TOOL_TIMEOUT_S:g} (a finite number of "
-                f"seconds), got {self.tool_timeout_s!r}"
+                "tool_timeout_s must be > 0 (a finite number of seconds) and at most "
+                f"{MAX_TOOL_TIMEOUT_S:g}, got {self.tool_timeout_s!r}"
             )
         for name in ("query_analysis", "approve_tools"):
             value = getattr(self, name)
