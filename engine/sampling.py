@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 Messages = list[dict[str, str]]
 """Chat messages as plain `{"role": ..., "content": ...}` dicts, the form transitions store."""
+
+
+MAX_TEMPERATURE = 10.0
+"""The highest sampling temperature accepted; above it a model samples noise."""
+MAX_NEW_TOKENS = 131_072
+"""The most tokens one call may be asked for."""
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,12 +38,27 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        # NaN compares false with everything: each check is written so that it fails NaN
+        if not _number(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}] (0 means "
+                f"greedy), got {self.temperature!r}"
+            )
+        if not _number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if (
+            not isinstance(self.max_new_tokens, int)
+            or isinstance(self.max_new_tokens, bool)
+            or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS
+        ):
+            raise ValueError(
+                f"max_new_tokens must be a whole number in [1, {MAX_NEW_TOKENS}], "
+                f"got {self.max_new_tokens!r}"
+            )
+        if self.seed is not None and (
+            not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool)
+        ):
+            raise ValueError(f"seed must be a whole number or None, got {self.seed!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """Return the settings as a JSON-serializable dict."""

@@ -93,7 +93,8 @@ def run_eval(
         context: the graph's `Context` for every run.
         progress: show a tqdm progress bar.
         states_path: a JSONL file to append each freshly run case's final state to (its id,
-            score, memory, answer and transitions), to see why it scored as it did.
+            score, memory, answer and transitions), to see why it scored as it did; written
+            after the case's result, so a kill and resume never saves a case twice.
 
     A case whose run raises is recorded with score 0 and the error; it never stops the eval.
 
@@ -103,19 +104,29 @@ def run_eval(
         raise ValueError("case ids must be unique; duplicates would make resuming ambiguous")
     graph = graph_or_factory if hasattr(graph_or_factory, "invoke") else graph_or_factory()
     file = JsonlFile(results_path) if results_path is not None else None
-    keep = None
-    if states_path is not None:
-        states = JsonlFile(states_path)
+    states = JsonlFile(states_path) if states_path is not None else None
+    # A case's state is written after its result, so a run killed between the two leaves the
+    # state out (the result is kept; the case is not run again) rather than saving it twice;
+    # ids a states file already holds (an older flowlearn wrote states first) are not repeated.
+    pending: dict[str, dict[str, Any]] = {}
+    kept = {r.get("id") for r in states.records() if isinstance(r, dict)} if states else set()
 
-        def keep(case: Case, state: dict[str, Any], score: Score) -> None:
-            states.append({"id": case.id, "score": score.value, **state})
+    def keep(case: Case, state: dict[str, Any], score: Score) -> None:
+        pending[case.id] = {"id": case.id, "score": score.value, **state}
+
+    def save(result: CaseResult) -> None:
+        if file is not None:
+            file.append(asdict(result))
+        state = pending.pop(result.id, None)
+        if states is not None and state is not None and result.id not in kept:
+            states.append(state)
 
     done = {r.id: r for r in read_results(file.path)} if file else {}
     fresh = run_resumable(
         {case.id: case for case in cases},
-        lambda case: run_case(graph, case, scorer, context, keep=keep),
+        lambda case: run_case(graph, case, scorer, context, keep=keep if states else None),
         done=done,
-        save=(lambda result: file.append(asdict(result))) if file else None,
+        save=save if file or states else None,
         concurrency=concurrency,
         progress=progress,
         label="eval",

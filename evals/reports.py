@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -11,6 +12,18 @@ from typing import Any
 
 from flowlearn.evals.harness import CaseResult
 from flowlearn.files import write_atomically, write_text_atomically
+
+logger = logging.getLogger(__name__)
+
+
+def valid_score(score: Any) -> bool:
+    """Whether `score` is a number a report may count: a finite real in [0, 1], not a bool."""
+    return (
+        isinstance(score, int | float)
+        and not isinstance(score, bool)
+        and math.isfinite(score)
+        and 0.0 <= score <= 1.0
+    )
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -30,9 +43,21 @@ def summarize(
     paper: float | None = None,
     paper_untrained: float | None = None,
 ) -> dict[str, Any]:
-    """Accuracy with its 95% interval, turns, tool shares, format-error rate, time per case."""
+    """Accuracy with its 95% interval, turns, tool shares, format-error rate, time per case.
+
+    A score that is not a number in [0, 1] (NaN, infinite, a string: a results file edited or
+    written by something else) counts as a failed case, never as NaN or a success; how many
+    there were is reported as `invalid_scores`, and logged.
+    """
     n = len(results)
-    total = sum(r.score for r in results)
+    invalid = [r.id for r in results if not valid_score(r.score)]
+    if invalid:
+        logger.warning(
+            "%d results have no valid score (not a number in [0, 1]); counted as failed: %s",
+            len(invalid),
+            ", ".join(invalid[:10]),
+        )
+    total = sum(float(r.score) for r in results if valid_score(r.score))
     low, high = wilson_interval(total, n)
     tools = Counter(tool for r in results for tool in r.tools)
     calls = sum(tools.values())
@@ -50,6 +75,7 @@ def summarize(
         "seconds_per_case": round(sum(r.seconds for r in results) / n, 3) if n else 0.0,
         "terminations": dict(Counter(str(r.termination) for r in results)),
         "failed_runs": sum(r.error is not None for r in results),
+        "invalid_scores": len(invalid),
         "paper_accuracy": paper,
         "paper_untrained_accuracy": paper_untrained,
     }
@@ -79,6 +105,7 @@ def to_markdown(summary: dict[str, Any], results: Sequence[CaseResult]) -> str:
         f"| seconds per case | {summary['seconds_per_case']:.1f} |",
         f"| terminations | {summary['terminations']} |",
         f"| failed runs | {summary['failed_runs']} |",
+        f"| invalid scores (counted as failed) | {summary.get('invalid_scores', 0)} |",
         "",
         "| id | score | turns | answer | reason |",
         "|---|---|---|---|---|",
@@ -86,7 +113,8 @@ def to_markdown(summary: dict[str, Any], results: Sequence[CaseResult]) -> str:
     for r in results:
         answer = " ".join(str(r.answer).split())[:60].replace("|", "\\|")
         reason = " ".join(str(r.error or r.reason).split())[:80].replace("|", "\\|")
-        lines.append(f"| {r.id} | {r.score:.2f} | {r.turns} | {answer} | {reason} |")
+        score = f"{r.score:.2f}" if valid_score(r.score) else f"invalid ({r.score!r})"
+        lines.append(f"| {r.id} | {score} | {r.turns} | {answer} | {reason} |")
     return "\n".join(lines) + "\n"
 
 

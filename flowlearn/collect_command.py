@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
-from flowlearn.compose import build_flow, load_work
+from flowlearn.compose import build_flow, load_work, run_settings
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.scorers import SCORERS
-from flowlearn.flow_setup import add_flow_options, context_from_args, spec_from_args
+from flowlearn.flow_setup import (
+    add_flow_options,
+    check_concurrency,
+    check_limit,
+    context_from_args,
+    spec_from_args,
+)
 from flowlearn.nodes.schema import token_faithful
+from flowlearn.outputs import claim_store
 from flowlearn.training.rollouts import collect, format_penalty
 from flowlearn.training.trajectories import TrajectoryStore
+
+MAX_GROUP_SIZE = 1024
+"""The most rollouts per question `--group-size` takes (the paper samples 8)."""
 
 
 def add_parser(commands: Any) -> None:
@@ -54,15 +65,34 @@ def add_parser(commands: Any) -> None:
 
 def collect_command(args: argparse.Namespace) -> int:
     """Collect and store."""
-    if args.group_size < 1:
-        raise UsageError(f"--group-size must be >= 1, got {args.group_size}")
+    if not 1 <= args.group_size <= MAX_GROUP_SIZE:
+        raise UsageError(f"--group-size must be in [1, {MAX_GROUP_SIZE}], got {args.group_size}")
+    if not math.isfinite(args.format_penalty) or args.format_penalty < 0:
+        raise UsageError(
+            f"--format-penalty must be a finite number >= 0, got {args.format_penalty}"
+        )
+    check_concurrency(args.concurrency)
+    check_limit(args.limit)
     if args.out.suffix != ".jsonl":
         raise UsageError(f"--out {args.out} must be a .jsonl file")
     spec = spec_from_args(args)
     name, cases, scorer, _ = load_work(
         spec, benchmark=args.benchmark, data=args.data, scorer=args.scorer, limit=args.limit
     )
-    flow = build_flow(spec, context_from_args(args))
+    context = context_from_args(args)
+    settings = run_settings(
+        spec,
+        context,
+        benchmark=args.benchmark,
+        data=args.data,
+        scorer=args.scorer,
+        limit=args.limit,
+    )
+    settings["format_penalty"] = args.format_penalty  # part of every stored reward
+    # appended only when made with these settings; more questions or more rollouts per
+    # question only add to it
+    claim_store(args.out, "collect", settings, free_to_change=("limit",))
+    flow = build_flow(spec, context)
     print(flow.settings())
     extra = {"format_penalty": format_penalty(args.format_penalty)} if args.format_penalty else {}
     trajectories = collect(

@@ -10,6 +10,7 @@ load torch and TRL, so they are imported only by the functions that build a trai
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -52,6 +53,7 @@ from flowlearn.nodes.prompts import (
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, Isolation, default_tools
+from flowlearn.nodes.tools.local_search import load_index
 from flowlearn.nodes.tools.python_sandbox import ISOLATIONS
 from flowlearn.nodes.tools.web_search import KEY_ENV as TAVILY_KEY_ENV
 
@@ -215,6 +217,11 @@ def check_names(
         )
     if spec.corpus is not None and not Path(spec.corpus).expanduser().is_file():
         raise UsageError(f"corpus {spec.corpus} is not a file; give a JSONL corpus")
+    if spec.corpus is not None:
+        try:  # read now (and cached): /etc/passwd is a file, not a corpus
+            load_index(spec.corpus)
+        except (ValueError, OSError) as exc:
+            raise UsageError(f"--corpus {spec.corpus} is not a JSONL corpus: {exc}") from None
     if spec.python_isolation not in ISOLATIONS:
         raise UsageError(
             f"unknown python isolation {spec.python_isolation!r} "
@@ -243,6 +250,10 @@ def check_names(
         check_model_name(name)
 
 
+MODEL_FILES = ("config.json", "adapter_config.json")
+"""A folder holding one of these is a model (or adapter) folder."""
+
+
 def check_model_name(name: str) -> None:
     """Refuse a model name that can only mean a local path, when nothing is there."""
     path = Path(name).expanduser()
@@ -251,6 +262,11 @@ def check_model_name(name: str) -> None:
         raise UsageError(
             f"model {name!r} does not exist: name a local folder, a .gguf file, a hub id, "
             "or 'default' for the embedded SmolLM2"
+        )
+    if path.is_dir() and not any((path / f).is_file() for f in MODEL_FILES):
+        raise UsageError(
+            f"model folder {name!r} holds no model (no {' or '.join(MODEL_FILES)}); name a "
+            "folder a model was saved to, a .gguf file or a hub id"
         )
 
 
@@ -398,6 +414,49 @@ def load_work(
         raise UsageError(str(exc)) from exc
     name = benchmark or Path(str(data)).stem
     return name, cases, score, BENCHMARKS.get(benchmark or "")
+
+
+def run_settings(
+    spec: FlowSpec,
+    context: Context,
+    *,
+    benchmark: str | None,
+    data: str | Path | None,
+    scorer: str | None,
+    limit: int | None,
+    judge: str | None = None,
+) -> dict[str, Any]:
+    """Return the settings a run's results depend on, as eval and collect record them.
+
+    Computed from the names alone, before any model loads, so a rerun into another run's
+    output is refused at once (`flowlearn.outputs`). The data is the benchmark's name or the
+    file's SHA-256, so an edited file counts as other data.
+    """
+    if data is not None:
+        try:
+            digest = hashlib.sha256(Path(data).read_bytes()).hexdigest()[:16]
+        except OSError as exc:
+            raise UsageError(f"--data {data}: {exc.strerror or exc}") from None
+        source = f"file {Path(data).name} sha256:{digest}"
+    else:
+        source = f"benchmark {benchmark}"
+    bench = BENCHMARKS.get(benchmark or "")
+    prompts = spec.prompt_set()
+    return {
+        "data": source,
+        "limit": limit,
+        "scorer": f"judge {judge}" if judge else scorer or (bench.scorer if bench else None),
+        "planner": f"{spec.planner} at {spec.planner_url}" if spec.planner_url else spec.planner,
+        "engine": f"{spec.engine} at {spec.engine_url}" if spec.engine_url else spec.engine,
+        "engine_max_new_tokens": spec.engine_max_new_tokens,
+        "prompts": prompts.name,
+        "query_analysis": runs_analysis(context, prompts),
+        "tools": sorted(context.tools or spec.bound_tools()),
+        "corpus": spec.corpus,
+        "max_turns": context.max_turns,
+        "max_seconds": context.max_seconds,
+        **{key: value for key, value in context.planner_sampling().as_dict().items()},
+    }
 
 
 # Local models ------------------------------------------------------------------------------

@@ -46,3 +46,11 @@ class TransientSearchError(FlowlearnError):
 
 class AdapterError(FlowlearnError, RuntimeError):
     """The planner server could not take an adapter; the message says why and what to change."""
+
+
+class DataError(FlowlearnError, ValueError):
+    """A data file holds a record flowlearn must not use; the message names file, line, field."""
+
+
+class TrainingDivergedError(FlowlearnError, RuntimeError):
+    """Training met a non-finite loss, gradient norm or weight, and stopped before saving it."""

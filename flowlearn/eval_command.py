@@ -6,13 +6,20 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flowlearn.compose import build_flow, load_work
+from flowlearn.compose import build_flow, load_work, run_settings
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.harness import run_eval
 from flowlearn.evals.reports import write_reports
 from flowlearn.evals.scorers import SCORERS
-from flowlearn.flow_setup import add_flow_options, context_from_args, spec_from_args
+from flowlearn.flow_setup import (
+    add_flow_options,
+    check_concurrency,
+    check_limit,
+    context_from_args,
+    spec_from_args,
+)
+from flowlearn.outputs import claim_folder
 
 
 def add_parser(commands: Any) -> None:
@@ -46,8 +53,8 @@ def add_parser(commands: Any) -> None:
 
 def eval_command(args: argparse.Namespace) -> int:
     """Evaluate and report."""
-    if args.concurrency < 1:
-        raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
+    check_concurrency(args.concurrency)
+    check_limit(args.limit)
     if args.save is not None and args.save.is_dir():
         raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
     spec = spec_from_args(args)
@@ -59,9 +66,22 @@ def eval_command(args: argparse.Namespace) -> int:
         limit=args.limit,
         judge=args.judge,
     )
-    flow = build_flow(spec, context_from_args(args))
-    print(flow.settings())
+    context = context_from_args(args)
     out = args.out or Path("runs") / f"eval-{name}"
+    # results are reused only under the settings that made them; a new --limit only
+    # changes which cases run
+    settings = run_settings(
+        spec,
+        context,
+        benchmark=args.benchmark,
+        data=args.data,
+        scorer=args.scorer,
+        limit=args.limit,
+        judge=args.judge,
+    )
+    claim_folder(out, "eval", settings, free_to_change=("limit",))
+    flow = build_flow(spec, context)
+    print(flow.settings())
     results = run_eval(
         flow.graph,
         cases,

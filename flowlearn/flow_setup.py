@@ -18,10 +18,14 @@ from flowlearn.errors import UsageError
 from flowlearn.nodes.schema.context import Context
 
 __all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_LIMIT",
     "Flow",
     "UsageError",
     "add_flow_options",
     "build_cli_flow",
+    "check_concurrency",
+    "check_limit",
     "context_from_args",
     "spec_from_args",
 ]
@@ -128,10 +132,30 @@ def add_flow_options(
     )
 
 
+MAX_CONCURRENCY = 64
+"""The most cases or rollouts in flight at once (`--concurrency`): each is a thread and a flow."""
+MAX_LIMIT = 10_000_000
+"""The most cases `--limit` may ask for."""
+
+
+def check_concurrency(value: int) -> None:
+    """Refuse a `--concurrency` outside [1, MAX_CONCURRENCY]."""
+    if not 1 <= value <= MAX_CONCURRENCY:
+        raise UsageError(f"--concurrency must be in [1, {MAX_CONCURRENCY}], got {value}")
+
+
+def check_limit(value: int | None) -> None:
+    """Refuse a `--limit` outside [1, MAX_LIMIT] (None: every case)."""
+    if value is not None and not 1 <= value <= MAX_LIMIT:
+        raise UsageError(f"--limit must be in [1, {MAX_LIMIT}], got {value}")
+
+
 def context_from_args(args: argparse.Namespace) -> Context:
     """Build the run's Context from the flags, as a usage error when a value is bad."""
     values = {name: getattr(args, name) for name in CONTEXT_FLAGS}
-    values["tools"] = tuple(t.strip() for t in args.tools.split(",")) if args.tools else None
+    # `--tools ""` names no tool: an error (Context says so), not "every tool, python included"
+    split = () if args.tools is None else (t.strip() for t in args.tools.split(","))
+    values["tools"] = None if args.tools is None else tuple(t for t in split if t)
     values["query_analysis"] = args.query_analysis
     try:
         return Context(**values)

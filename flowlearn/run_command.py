@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +55,11 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
     if args.resume and not args.thread:
         raise UsageError("--resume needs --thread ID (the run to continue)")
+    if args.question is not None and not is_utf8(args.question):
+        raise UsageError(
+            "the question is not UTF-8 text (the terminal passed undecodable bytes); "
+            "give it as UTF-8"
+        )
     if args.question is not None and not args.question.strip():
         raise UsageError('the question is empty; give one, e.g. flowlearn run "What is 2 + 2?"')
     if args.resume == bool(args.question):
@@ -102,7 +108,7 @@ def answer(args: argparse.Namespace, flow: Flow, saver: Any, config: RunnableCon
         else:
             for node, update in payload.items():
                 print_update(node, update or {})
-    print(f"\nAnswer: {state.get('answer', '')}")
+    print(f"\nAnswer: {printable(str(state.get('answer', '')))}")
     print(
         f"({state.get('termination')}, {state.get('turn', 0)} turns, "
         f"{time.perf_counter() - start:.1f} s)"
@@ -125,7 +131,8 @@ def print_update(node: str, update: dict[str, Any]) -> None:
             print(f"[budget] {update['termination']} reached")
         elif update.get("memory"):
             record = update["memory"][0]
-            print(f"[turn {record['turn']}] planner: format error ({record.get('error')})")
+            error = _short(str(record.get("error")))
+            print(f"[turn {record['turn']}] planner: format error ({error})")
     elif node == "executor":
         record = update["memory"][0]
         outcome = f"error: {record['error']}" if record.get("error") else record.get("result")
@@ -143,6 +150,29 @@ def save_run(path: Path, state: dict[str, Any], context: dict[str, Any]) -> None
     JsonlFile(path).append({"context": context, **state})
 
 
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, screen clears
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window titles, hyperlinks, clipboard
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC strings
+    r"|\x1b.?"  # any other escape
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # other C0 and C1 controls (tabs, newlines stay)
+)
+
+
+def printable(text: str) -> str:
+    """Drop terminal control sequences: tool text and model output must not drive the terminal."""
+    return _ESCAPES.sub("", text)
+
+
+def is_utf8(text: str) -> bool:
+    """Whether `text` encodes as UTF-8 (argv bytes that were not decode to lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _short(text: str, limit: int = 160) -> str:
-    flat = " ".join(str(text).split())
+    flat = " ".join(printable(str(text)).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."

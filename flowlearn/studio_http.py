@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Collection
 
@@ -12,6 +13,17 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+"""The `Host:` names a local server answers to; `$FLOWLEARN_STUDIO_HOSTS` adds more."""
+HOSTS_ENV = "FLOWLEARN_STUDIO_HOSTS"
+
+
+def host_name(host: str) -> str:
+    """Return a `Host:` header's name without its port, lower-cased (`[::1]:2024` -> `[::1]`)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class OriginGuard:
@@ -28,6 +40,11 @@ class OriginGuard:
 
     Requests without `Origin` (the SDK, curl) pass: browsers send one with every cross-origin
     request that can change state. `Origin: null` (sandboxed frames, `file:` pages) is foreign.
+
+    3. A request whose `Host:` is not a name of this machine (`allow_hosts`: localhost,
+       127.0.0.1 and [::1] unless told more) is refused with 421, WebSockets included. A page
+       on a DNS-rebinding name resolves to 127.0.0.1 and is same-origin with itself, so it
+       sends no foreign `Origin` on a GET; its `Host:` still names it.
     """
 
     def __init__(
@@ -36,6 +53,7 @@ class OriginGuard:
         *,
         allow_origins: Collection[str],
         allow_origin_regex: str | None = None,
+        allow_hosts: Collection[str] = LOCAL_HOSTS,
     ) -> None:
         if "*" in allow_origins or not (allow_origins or allow_origin_regex):
             raise ValueError(
@@ -45,6 +63,7 @@ class OriginGuard:
         self.app = app
         self.allow_origins = frozenset(allow_origins)
         self.allow_origin_regex = re.compile(allow_origin_regex) if allow_origin_regex else None
+        self.allow_hosts = frozenset(host_name(h) for h in allow_hosts)
 
     def allows(self, origin: str) -> bool:
         """Match an origin as Starlette's CORSMiddleware does: listed, or the regex in full."""
@@ -54,6 +73,13 @@ class OriginGuard:
     def refusal(self, scope: Scope) -> tuple[int, str] | None:
         """Return the status and reason to refuse this request with, or None to let it in."""
         headers = Headers(scope=scope)
+        host = headers.get("host")
+        if host is not None and host_name(host) not in self.allow_hosts:
+            return 421, (
+                f"host {host!r} is not a name of this server (DNS rebinding?); it answers to "
+                f"{', '.join(sorted(self.allow_hosts))}; add names to ${HOSTS_ENV} "
+                "(e.g. a tunnel's)"
+            )
         origin = headers.get("origin")
         if origin is not None and not self.allows(origin):
             return 403, (
@@ -92,10 +118,12 @@ def guard_as_served(app: ASGIApp) -> OriginGuard:
     from langgraph_api.config import CORS_CONFIG  # type: ignore[import-untyped]
 
     cors = CORS_CONFIG or {}
+    extra = [h for h in os.environ.get(HOSTS_ENV, "").split(",") if h.strip()]
     return OriginGuard(
         app,
         allow_origins=list(cors.get("allow_origins") or ()),
         allow_origin_regex=cors.get("allow_origin_regex"),
+        allow_hosts=[*LOCAL_HOSTS, *extra],
     )
 
 

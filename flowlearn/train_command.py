@@ -28,12 +28,14 @@ def train_command(args: argparse.Namespace) -> int:
     """Validate the config, train, and say where the final policy is."""
     from flowlearn.compose import build_training_parts
     from flowlearn.training.config import parse_config
-    from flowlearn.training.run import check_run, resume_point, train
+    from flowlearn.training.run import check_run, claim_output_dir, resume_point, train
 
     try:
         config = parse_config(args.options)
         resume_from = resume_point(config)  # checked before any model is loaded
-        check_run(config, resuming=config.resume or resume_from is not None)  # stored rollouts
+        resuming = config.resume or resume_from is not None
+        check_run(config, resuming=resuming)  # stored rollouts
+        claim_output_dir(config, resuming=resuming, create=False)  # checked, nothing written
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
     try:

@@ -31,7 +31,7 @@ from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord
 from flowlearn.nodes.schema.state import State
 from flowlearn.nodes.tool_review import review
-from flowlearn.secrets import error_text
+from flowlearn.secrets import error_text, redact
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -172,7 +172,12 @@ def run_tool(
     proposal: tuple[ParseStatus, str],
     context: Context,
 ) -> None:
-    """Run the tool on the proposed arguments and write the result or error into `record`."""
+    """Run the tool on the proposed arguments and write the result or error into `record`.
+
+    Both are redacted (`flowlearn.secrets`) before they reach memory: a tool can echo a key in
+    a successful answer (a search hit quoting its request URL, code printing the environment)
+    as easily as in an error.
+    """
     status, raw = proposal
     start = time.perf_counter()
     if rejected:
@@ -186,7 +191,7 @@ def run_tool(
     else:
         try:
             result = call_with_timeout(tool, arguments, context.tool_timeout_s)
-            record["result"] = truncate(_as_text(result), context.max_result_chars)
+            record["result"] = truncate(redact(_as_text(result)), context.max_result_chars)
         except Exception as exc:  # a tool failure is data for the planner, not a crash
             record["error"] = truncate(error_text(exc), context.max_result_chars)  # no secrets
     record["seconds"] = round(time.perf_counter() - start, 6)

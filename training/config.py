@@ -31,7 +31,8 @@ from typing import Any, Literal, Union, cast
 from trl.scripts.utils import TrlParser
 from trl.trainer.grpo_config import GRPOConfig
 
-from flowlearn.nodes.schema.context import Context
+from flowlearn.engine.sampling import MAX_NEW_TOKENS, MAX_TEMPERATURE
+from flowlearn.nodes.schema.context import MAX_TURNS, Context
 from flowlearn.training.batches import VERL_DUAL_CLIP, check_trainer_batching, resolve_batching
 from flowlearn.training.rows import refuse_renamed_mode
 from flowlearn.training.vllm.settings import check_server_options, check_vllm_config
@@ -166,6 +167,8 @@ class FlowGRPOConfig(GRPOConfig):
             self.delta = VERL_DUAL_CLIP  # verl's dual clip, in TRL's terms
         if self.tools is not None:  # `--tools a,b` as well as `--tools a b`
             self.tools = [t.strip() for item in self.tools for t in item.split(",") if t.strip()]
+            if not self.tools:  # an empty list once meant "every tool", python included
+                raise ValueError("tools must name at least one tool; leave it unset for all")
         import torch
 
         self.use_cpu = self.use_cpu or not torch.cuda.is_available()
@@ -306,13 +309,73 @@ def parse_config(argv: Sequence[str] = ()) -> FlowGRPOConfig:
         ValueError: an unknown key, a bad value or contradictory settings.
 
     """
+    argv = list(argv)
+    if "--config" in argv[:-1]:  # TRL's parser reads it with yaml.safe_load: check it first
+        check_yaml_file(argv[argv.index("--config") + 1])
     try:
-        (config,) = FlowParser().parse_args_and_config(list(argv))
+        (config,) = FlowParser().parse_args_and_config(argv)
     except argparse.ArgumentError as exc:
         for quoted in str(exc).split("'")[1::2] if exc.argument_name == "--mode" else ():
             refuse_renamed_mode(quoted)  # "invalid choice: 'official' (choose from ...)"
         raise ValueError(str(exc)) from None
     return cast(FlowGRPOConfig, config)
+
+
+MAX_YAML_BYTES = 1 << 20
+"""The largest training config file read: a config is a page of settings, not data."""
+MAX_YAML_NODES = 100_000
+"""The most values a config may stand for once its aliases are expanded (a YAML alias bomb
+stands for billions, and exhausted memory inside TRL's parser)."""
+
+
+def check_yaml_file(path: str) -> None:
+    """Refuse a config file that is too big, expands past `MAX_YAML_NODES`, or repeats a key.
+
+    PyYAML keeps the last of two equal keys and expands aliases without a budget; a repeated
+    key is a slip whose first value silently lost, and an alias bomb a denial of service.
+
+    Raises:
+        ValueError: naming the file and what is wrong, before TRL's parser reads it.
+
+    """
+    import yaml
+
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_YAML_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"--config {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ValueError(f"--config {path} is larger than {MAX_YAML_BYTES} bytes; is it a config?")
+    try:
+        root = yaml.compose(raw.decode("utf-8"), Loader=yaml.SafeLoader)
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"--config {path} is not readable YAML: {exc}") from None
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:  # aliased nodes are one object: each counted once
+        if id(node) not in sizes:
+            sizes[id(node)] = 0  # a recursive alias counts as nothing more
+            if isinstance(node, yaml.MappingNode):
+                keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+                repeated = sorted({k for k in keys if keys.count(k) > 1})
+                if repeated:
+                    line = node.start_mark.line + 1
+                    raise ValueError(
+                        f"--config {path}: the mapping at line {line} gives {repeated} more than "
+                        "once; give each key once"
+                    )
+                children = [part for pair in node.value for part in pair]
+            else:
+                children = node.value if isinstance(node, yaml.SequenceNode) else []
+            sizes[id(node)] = min(1 + sum(size(c) for c in children), MAX_YAML_NODES + 1)
+        return sizes[id(node)]
+
+    if root is not None and size(root) > MAX_YAML_NODES:
+        raise ValueError(
+            f"--config {path} expands to more than {MAX_YAML_NODES} values (YAML aliases); "
+            "write the settings out"
+        )
 
 
 _NO = object()
@@ -338,14 +401,19 @@ class Range:
 
     def text(self) -> str:
         """Write the interval as a reader expects it: `> 0`, `in (0, 1]`."""
+        low, high = _bound(self.low), _bound(self.high)
         if self.high is None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
+            return f"{'>' if self.low_open else '>='} {low}"
         if self.low is None:
-            return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return (
-            f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-            f"{')' if self.high_open else ']'}"
-        )
+            return f"{'<' if self.high_open else '<='} {high}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _bound(value: float | None) -> str:
+    """Write a bound as a reader expects it: 10000000, not 1e+07."""
+    if value is not None and float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}" if value is not None else ""
 
 
 POSITIVE, NON_NEGATIVE, AT_LEAST_ONE = Range(0, low_open=True), Range(0), Range(1)
@@ -385,9 +453,27 @@ COUNTS = [
     "generation_batch_size",
     "num_iterations",
 ]
+MOST = {
+    "num_generations": 1024,
+    "questions_per_step": 100_000,
+    "max_turns": MAX_TURNS,
+    "max_steps": 10_000_000,
+    "max_completion_length": MAX_NEW_TOKENS,
+    "limit": 10_000_000,
+    "engine_max_new_tokens": MAX_NEW_TOKENS,
+    "lora_r": 4096,
+    "lora_alpha": 65_536,
+    "per_device_train_batch_size": 65_536,
+    "gradient_accumulation_steps": 65_536,
+    "steps_per_generation": 65_536,
+    "generation_batch_size": 1_000_000,
+    "num_iterations": 1000,
+}
+"""The upper bound of each count that runs or allocates: past it a run is a typo or an attack
+(`max_steps: 1e26` ran until killed)."""
 RANGES: dict[str, Range] = {
-    **dict.fromkeys(COUNTS, AT_LEAST_ONE),
-    "temperature": POSITIVE,
+    **{name: Range(1, MOST[name]) for name in COUNTS},
+    "temperature": Range(0, MAX_TEMPERATURE, low_open=True),
     "top_p": Range(0, 1, low_open=True),
     "logging_steps": POSITIVE,
     "save_steps": POSITIVE,

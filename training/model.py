@@ -31,8 +31,25 @@ from flowlearn.engine.loading import (
     parameter_count,
     pick_device_and_dtype,
 )
+from flowlearn.errors import TrainingDivergedError
 
 logger = logging.getLogger(__name__)
+
+
+def check_finite_weights(model: Any) -> None:
+    """Refuse a model with a NaN or infinite weight: a policy that can only answer garbage.
+
+    Raises:
+        TrainingDivergedError: naming the first such parameter.
+
+    """
+    for name, parameter in model.named_parameters():
+        if parameter.is_floating_point() and not bool(torch.isfinite(parameter.detach()).all()):
+            raise TrainingDivergedError(
+                f"the trained weight {name} holds NaN or infinite values; the policy is not "
+                "saved. Training diverged: check the data's rewards, lower the learning rate, "
+                "or resume from an earlier checkpoint"
+            )
 
 
 def upcast_trainable(model: Any) -> int:

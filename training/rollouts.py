@@ -34,6 +34,7 @@ from flowlearn.training.trajectories import (
     DROPPED,
     Trajectory,
     TrajectoryStore,
+    check_trajectories,
     trajectory_from_state,
 )
 
@@ -333,7 +334,13 @@ class Replay:
 
     @classmethod
     def of(cls, trajectories: Sequence[Trajectory]) -> Replay:
-        """Group `trajectories` by their question."""
+        """Group `trajectories` by their question.
+
+        Raises:
+            DataError: a trajectory whose reward, reward term or logprob is not finite.
+
+        """
+        check_trajectories(trajectories)  # however they were built, before any update
         replay = cls()
         for trajectory in trajectories:
             replay.groups.setdefault(trajectory.group_id, []).append(trajectory)

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from flowlearn.engine.sampling import Sampling, token_faithful
 from flowlearn.nodes.schema.records import Transition
-from flowlearn.training.trajectories import DROPPED, Trajectory
+from flowlearn.training.trajectories import DROPPED, Trajectory, check_trajectories
 
 MODES = ("paper", "verl_like", "sequence")
 RENAMED_MODES = {"official": "verl_like"}
@@ -135,11 +135,14 @@ def build_flow_grpo_rows(
     Raises:
         ValueError: unknown mode or scale, a transition without token ids, or one whose
             recorded sampling does not match `sampling`.
+        DataError: a reward, reward term or logprob that is not a finite number.
 
     """
     check_mode(mode)
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; use one of {SCALES}")
+    trajectories = list(trajectories)
+    check_trajectories(trajectories)  # one NaN reward would make its group's advantages NaN
     stats: dict[str, Any] = {"rows_cut": 0, "rows_dropped": 0, "trajectories_dropped": 0}
     groups = group_trajectories(trajectories, stats)
     stats["groups"] = len(groups)

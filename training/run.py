@@ -32,11 +32,19 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
 from flowlearn.engine.tokens import ModelHandle
+from flowlearn.errors import UsageError
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.files import save_atomically, write_text_atomically
-from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, write_prompts_record
+from flowlearn.nodes.prompts import (
+    AGENTFLOW_PROMPTS,
+    PROMPTS_RECORD,
+    Prompts,
+    write_prompts_record,
+)
+from flowlearn.outputs import MARKER, claim_folder, read_marker
 from flowlearn.training.config import FlowGRPOConfig
+from flowlearn.training.model import check_finite_weights
 from flowlearn.training.rollouts import Rollouts, format_penalty, new_run_id
 from flowlearn.training.rows import StepCredit
 from flowlearn.training.trainer import FlowGRPOTrainer
@@ -120,6 +128,7 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
         else None,
     )
     out = Path(str(config.output_dir))
+    claim_output_dir(config, resuming=config.resume or resume_from is not None)
     if parts.cases is None or parts.scorer is None:
         trajectories = load_trajectories(str(config.trajectories))
         trainer = FlowGRPOTrainer.offline(parts.model, trajectories=trajectories, **common)
@@ -202,14 +211,25 @@ def save_final(
 
     With `prompts`, the folder names the prompt set it was trained under, so `flowlearn run`
     and `eval` serve it with the same (`nodes.prompts.PROMPTS_RECORD`). Under `accelerate
-    launch` only the main process writes; the others wait for it.
+    launch` only the main process writes; the others wait for it. A model with a NaN or
+    infinite weight is refused (`TrainingDivergedError`) and nothing is written.
     """
     accelerator = trainer.accelerator
     accelerator.wait_for_everyone()
+    check_finite_weights(accelerator.unwrap_model(trainer.model))  # every process: none waits
+    adapter = folder.parent / "final-adapter"
+    for saved in (folder, adapter) if merge else (folder,):
+        refuse_foreign_model(saved)  # every process: none waits for a saver that refused
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
+        marker = read_marker(folder.parent / MARKER) or {"command": "train"}
         if merge:
-            save_atomically(folder.parent / "final-adapter", model.save_pretrained)
+
+            def save_adapter(staging: Path) -> None:
+                model.save_pretrained(staging)
+                write_text_atomically(staging / MARKER, json.dumps(marker) + "\n")
+
+            save_atomically(adapter, save_adapter)
             model = model.merge_and_unload()
 
         def save(staging: Path) -> None:
@@ -217,10 +237,57 @@ def save_final(
             tokenizer.save_pretrained(staging)
             if prompts is not None:
                 write_prompts_record(staging, prompts)
+            write_text_atomically(staging / MARKER, json.dumps(marker) + "\n")
 
         save_atomically(folder, save)
     accelerator.wait_for_everyone()
     return folder
+
+
+def claim_output_dir(config: Any, *, resuming: bool, create: bool = True) -> None:
+    """Make `output_dir` this training run's, or refuse it (`flowlearn.outputs.claim_folder`).
+
+    A folder another command made, or one holding files flowlearn did not write, is refused;
+    so is a fresh run (no `resume`) where an earlier run left checkpoints or a final policy,
+    which it would mix its own into or replace. A folder of an older flowlearn's run (its
+    `run.json`, no marker) is adopted. With `create=False` it only checks (the CLI, before any
+    model loads) and writes nothing.
+
+    Raises:
+        UsageError: naming the folder and the fix (`--resume`, or a new output_dir).
+
+    """
+    out = Path(str(config.output_dir))
+    claim_folder(out, "train", flag="output_dir", adopt=(RUN_FILE,), create=create)
+    if resuming or not out.is_dir():
+        return
+    earlier = sorted(
+        p.name
+        for p in out.iterdir()
+        if _CHECKPOINT.match(p.name) or p.name in {"final", "final-adapter"}
+    )
+    if earlier:
+        raise UsageError(
+            f"output_dir {out} holds {', '.join(earlier)} of an earlier run; pass --resume to "
+            "continue it, or give a new output_dir (nothing is deleted for you)"
+        )
+
+
+def refuse_foreign_model(folder: Path) -> None:
+    """Refuse to replace a model folder a training run did not save (no marker, no prompts record).
+
+    Raises:
+        UsageError: naming the folder; nothing is replaced.
+
+    """
+    if not folder.exists():
+        return
+    marked = (folder / MARKER).exists() or (folder / PROMPTS_RECORD).exists()
+    if not marked:
+        raise UsageError(
+            f"{folder} was not saved by flowlearn train (no {MARKER}); move it aside, or give "
+            "a new output_dir (it is never replaced for you)"
+        )
 
 
 def rollout_settings(config: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -41,6 +42,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.protocol import Policy
 from flowlearn.engine.tokens import ModelHandle
+from flowlearn.errors import TrainingDivergedError
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.files import JsonlFile, write_atomically
@@ -329,6 +331,25 @@ class FlowGRPOTrainer(GRPOTrainer):
         """TRL's loss in chunks of rows (`batches.chunked_loss`); an empty update is skipped."""
         return chunked_loss(self, model, inputs, partial(super().compute_loss, model))
 
+    def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """TRL's step; stop at a non-finite loss, before the optimizer applies its gradients.
+
+        TRL (`logging_nan_inf_filter`) would log a stand-in loss and step on NaN gradients.
+        Under several processes the gradient norm, the same on every rank, decides instead, so
+        no rank stops alone while the others wait for it.
+        """
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        if self.accelerator.num_processes == 1:
+            stop_if_not_finite("loss", loss, self.state.global_step)
+        return loss
+
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        # Called at every optimizer step, after clipping and before the step: the last moment a
+        # NaN or infinite gradient can still be kept out of the weights.
+        norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        stop_if_not_finite("gradient norm", norm, self.state.global_step)
+        return norm
+
     def _reference_logps(self, tensors: dict[str, Any]) -> Any:
         """Recompute the old logprobs if asked; return the reference's (None at beta 0)."""
         if self.recompute_old_logprobs:  # before any update of this batch, as verl does
@@ -351,6 +372,24 @@ def live_policy(trainer: Any, model: Any) -> Policy:
     if trainer.vllm is not None:  # TRL's vLLM engine, weights synced each step
         return trainer.vllm.policy(trainer, version)  # type: ignore[no-any-return]
     return HFPolicy.on(trainer.model_handle, version=version)
+
+
+def stop_if_not_finite(name: str, value: Any, step: int) -> None:
+    """Stop training at a NaN or infinite loss or gradient norm, before the weights take it.
+
+    Raises:
+        TrainingDivergedError: naming the value and the step.
+
+    """
+    if value is None:
+        return
+    number = float(value.detach().float().item() if hasattr(value, "detach") else value)
+    if not math.isfinite(number):
+        raise TrainingDivergedError(
+            f"training stopped at step {step + 1}: the {name} is {number} (not finite); the "
+            "weights were not updated with it and no final policy is saved. Check the data's "
+            "rewards and logprobs, lower the learning rate, or resume from an earlier checkpoint"
+        )
 
 
 def warn_no_rows(step: int, rollouts: int) -> None:

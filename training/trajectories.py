@@ -6,11 +6,12 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
+from flowlearn.errors import DataError
 from flowlearn.files import JsonlFile, write_atomically
 from flowlearn.nodes.schema.records import Transition
 
@@ -66,9 +67,12 @@ class Trajectory:
         """Rebuild a trajectory from `to_dict` output, checking the schema version.
 
         Raises:
+            DataError: a reward, reward term or logged logprob that is not a finite number
+                (named by field), checked before anything else is built.
             ValueError: a newer schema version than this code reads, or missing fields.
 
         """
+        check_finite_fields(data)
         version = data.get("schema_version", SCHEMA_VERSION)
         if version > SCHEMA_VERSION:
             raise ValueError(
@@ -86,6 +90,77 @@ class Trajectory:
     def to_json(self) -> str:
         """Return the trajectory as one JSON line."""
         return json.dumps(self.to_dict(), ensure_ascii=False, default=str)
+
+
+def _is_finite_number(value: Any) -> bool:
+    """Whether `value` is a real number JSON can hold: an int or float, not a bool, finite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def non_finite_field(data: Mapping[str, Any]) -> str | None:
+    """Return `field = value` for the first reward, reward term or logprob that is not finite.
+
+    None when every one is a finite real number.
+
+    These are what the advantage and the importance ratio are computed from: one NaN,
+    infinity (JSON's `Infinity`, or `1e999`, which overflows to it), string or bool there turns
+    a whole group's update into NaN or a crash, so it must never reach the trainer.
+    """
+    if "reward" in data and not _is_finite_number(data["reward"]):  # a missing one: not a record
+        return f"reward = {data.get('reward')!r}"
+    terms = data.get("reward_terms") or {}
+    if not isinstance(terms, Mapping):
+        return f"reward_terms = {terms!r}"
+    for name, value in terms.items():
+        if not _is_finite_number(value):
+            return f"reward_terms.{name} = {value!r}"
+    for i, transition in enumerate(data.get("transitions") or []):
+        logprobs = transition.get("logprobs") if isinstance(transition, Mapping) else None
+        if logprobs is None:
+            continue
+        if not isinstance(logprobs, list):
+            return f"transitions[{i}].logprobs = {logprobs!r}"
+        for j, value in enumerate(logprobs):
+            if not _is_finite_number(value):
+                return f"transitions[{i}].logprobs[{j}] = {value!r}"
+    return None
+
+
+def check_finite_fields(data: Mapping[str, Any]) -> None:
+    """Refuse a trajectory record whose rewards or logprobs are not all finite numbers.
+
+    Raises:
+        DataError: naming the field and its value.
+
+    """
+    bad = non_finite_field(data)
+    if bad is not None:
+        raise DataError(
+            f"field {bad} is not a finite number; a reward must be a real number (the scorer's "
+            "value in [0, 1]), never NaN, Infinity, a string or a bool. Fix or remove the record"
+        )
+
+
+def check_trajectories(trajectories: Iterable[Trajectory]) -> None:
+    """Refuse in-memory trajectories with a non-finite reward, reward term or logprob.
+
+    Raises:
+        DataError: naming the trajectory and field.
+
+    """
+    for trajectory in trajectories:
+        bad = non_finite_field(
+            {
+                "reward": trajectory.reward,
+                "reward_terms": trajectory.reward_terms,
+                "transitions": trajectory.transitions,
+            }
+        )
+        if bad is not None:
+            raise DataError(
+                f"trajectory {trajectory.trajectory_id!r}: field {bad} is not a finite number; "
+                "it would turn its group's advantages into NaN"
+            )
 
 
 def trajectory_from_state(
@@ -135,35 +210,43 @@ class TrajectoryStore:
         """Write one trajectory and fsync it.
 
         Raises:
-            ValueError: a NaN or infinite reward (or reward term): it would turn every
-                advantage of its group into NaN, so it is refused before anything is written.
+            DataError: a NaN, infinite or non-numeric reward (or reward term, or logprob): it
+                would turn every advantage of its group into NaN, so it is refused before
+                anything is written.
 
         """
-        rewards = {"reward": trajectory.reward, **trajectory.reward_terms}
-        bad = {name: value for name, value in rewards.items() if not math.isfinite(value)}
-        if bad:
-            raise ValueError(
-                f"trajectory {trajectory.trajectory_id!r} has non-finite rewards {bad}; "
-                "make the scorer return a number in [0, 1] (or raise, to mark it)"
-            )
+        try:
+            check_trajectories([trajectory])
+        except DataError as exc:
+            raise DataError(
+                f"{exc}; make the scorer return a number in [0, 1] (or raise, to mark it)"
+            ) from None
         self._file.append_line(trajectory.to_json())
 
     def __iter__(self) -> Iterator[Trajectory]:
         """Yield the stored trajectories in write order, skipping lines torn by a crash.
 
         Raises:
-            ValueError: a line that is JSON but not a trajectory (named by file and line), or
-                a file in which no line is a trajectory at all.
+            DataError: a line that is JSON but not a trajectory, or whose reward, reward term
+                or logprob is not a finite number (named by file, line and field), or a file in
+                which no line is a trajectory at all.
 
         """
         torn: list[int] = []
         read = 0
         seen: set[str] = set()
         for number, data in self._file.read(skipped=torn):
+            if not isinstance(data, dict):
+                raise DataError(
+                    f"{self.path}:{number} is not a flowlearn trajectory (a JSON "
+                    f"{type(data).__name__}, not an object)"
+                )
             try:
                 trajectory = Trajectory.from_dict(data)
+            except DataError as exc:
+                raise DataError(f"{self.path}:{number}: {exc}") from None
             except (ValueError, TypeError, AttributeError) as exc:
-                raise ValueError(
+                raise DataError(
                     f"{self.path}:{number} is not a flowlearn trajectory ({exc}); "
                     "give a file written by `flowlearn collect` or `TrajectoryStore`"
                 ) from exc
@@ -178,7 +261,7 @@ class TrajectoryStore:
             seen.add(trajectory.trajectory_id)
             yield trajectory
         if torn and not read:
-            raise ValueError(
+            raise DataError(
                 f"{self.path} has no readable trajectory ({len(torn)} unreadable lines); it is "
                 "not a trajectory JSONL file: give one written by `flowlearn collect`"
             )
@@ -205,15 +288,26 @@ def to_table(trajectories: Iterable[Trajectory]) -> Any:
     return pa.Table.from_pylist(rows)
 
 
-def from_rows(rows: Iterable[dict[str, Any]]) -> list[Trajectory]:
-    """Rebuild trajectories from `to_table` rows (Parquet or `datasets`)."""
+def from_rows(rows: Iterable[dict[str, Any]], *, source: str = "rows") -> list[Trajectory]:
+    """Rebuild trajectories from `to_table` rows (Parquet or `datasets`).
+
+    Raises:
+        DataError: a row that is not a trajectory, or whose reward, reward term or logprob is
+            not a finite number, named as `source` and row number (from 1).
+
+    """
     out = []
-    for row in rows:
+    for number, row in enumerate(rows, 1):
         data = dict(row)
-        for column in _JSON_COLUMNS:
-            if isinstance(data.get(column), str):
-                data[column] = json.loads(data[column])
-        out.append(Trajectory.from_dict(data))
+        try:
+            for column in _JSON_COLUMNS:
+                if isinstance(data.get(column), str):
+                    data[column] = json.loads(data[column])
+            out.append(Trajectory.from_dict(data))
+        except DataError as exc:
+            raise DataError(f"{source}: row {number}: {exc}") from None
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise DataError(f"{source}: row {number} is not a trajectory ({exc})") from exc
     return out
 
 
@@ -229,7 +323,7 @@ def read_parquet(path: str | os.PathLike[str]) -> list[Trajectory]:
     """Read trajectories written by `export_parquet`."""
     import pyarrow.parquet as pq
 
-    return from_rows(pq.read_table(path).to_pylist())
+    return from_rows(pq.read_table(path).to_pylist(), source=str(path))
 
 
 def to_dataset(trajectories: Iterable[Trajectory]) -> Any:
@@ -241,7 +335,7 @@ def to_dataset(trajectories: Iterable[Trajectory]) -> Any:
 
 def from_dataset(dataset: Any) -> list[Trajectory]:
     """Rebuild trajectories from a `datasets.Dataset` made by `to_dataset`."""
-    return from_rows(dataset)
+    return from_rows(dataset, source="dataset")
 
 
 def load_trajectories(source: str | os.PathLike[str]) -> list[Trajectory]:

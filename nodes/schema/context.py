@@ -11,6 +11,15 @@ from flowlearn.engine.sampling import Sampling
 _PLANNER = Sampling()
 """The planner's sampling defaults, declared once in `Sampling`."""
 
+MAX_TURNS = 100
+"""The most planner turns a run may take (the paper: 10 at inference, 3 in training)."""
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest wall-clock budget a run may have: a week."""
+MAX_RESULT_CHARS = 1_000_000
+"""The most characters of one tool result kept in memory."""
+MAX_TOOL_TIMEOUT_S = 3600.0
+"""The longest a tool call may run: an hour."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Context:
@@ -82,33 +91,53 @@ class Context:
     )
 
     def __post_init__(self) -> None:
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if self.max_seconds is not None and not _positive(self.max_seconds):
+        # Every bound is named in its message: a run, or a Studio form, that asks for 1e22
+        # turns or a 1e12-character result would run or allocate until killed.
+        if not _whole(self.max_turns) or not 1 <= self.max_turns <= MAX_TURNS:
+            raise ValueError(
+                f"max_turns must be a whole number in [1, {MAX_TURNS}], got {self.max_turns!r}"
+            )
+        if self.max_seconds is not None and not _positive(self.max_seconds, MAX_SECONDS):
             # NaN compares false with everything, so `<= 0` let it through and switched the
             # budget off; inf is "no limit" in disguise: None says that.
             raise ValueError(
-                "max_seconds must be > 0 (a finite number of seconds), or None for no limit; "
-                f"got {self.max_seconds!r}"
+                "max_seconds must be > 0 (a finite number of seconds) and at most "
+                f"{MAX_SECONDS:g} (a week), or None for no limit; got {self.max_seconds!r}"
             )
         try:
             self.planner_sampling()
         except ValueError as exc:
             raise ValueError(f"planner {exc}") from None
-        if self.max_result_chars < 100:
-            raise ValueError(f"max_result_chars must be >= 100, got {self.max_result_chars}")
-        if not _positive(self.tool_timeout_s):
+        if (
+            not _whole(self.max_result_chars)
+            or not 100 <= self.max_result_chars <= MAX_RESULT_CHARS
+        ):
             raise ValueError(
-                "tool_timeout_s must be > 0 (a finite number of seconds), "
-                f"got {self.tool_timeout_s!r}"
+                f"max_result_chars must be a whole number in [100, {MAX_RESULT_CHARS}], "
+                f"got {self.max_result_chars!r}"
             )
-        if self.query_analysis is not None and not isinstance(self.query_analysis, bool):
-            # "false" from a form would read true
+        if not _positive(self.tool_timeout_s, MAX_TOOL_TIMEOUT_S):
             raise ValueError(
-                f"query_analysis must be true, false or null, got {self.query_analysis!r}"
+                "tool_timeout_s must be > 0 (a finite number of seconds) and at most "
+                f"{MAX_TOOL_TIMEOUT_S:g}, got {self.tool_timeout_s!r}"
             )
-        if self.tools is not None and not isinstance(self.tools, tuple):
-            object.__setattr__(self, "tools", tuple(self.tools))
+        for name in ("query_analysis", "approve_tools"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "query_analysis" and value is None):
+                # "false" from a form or a YAML file would read true
+                nullable = " or null" if name == "query_analysis" else ""
+                raise ValueError(f"{name} must be true or false{nullable}, got {value!r}")
+        if self.tools is not None:
+            if isinstance(self.tools, str) or not all(isinstance(t, str) for t in self.tools):
+                raise ValueError(f"tools must be a list of tool names, got {self.tools!r}")
+            names = tuple(t.strip() for t in self.tools)
+            if not names or not all(names):
+                # an empty list once meant "every tool", python included
+                raise ValueError(
+                    f"tools must name at least one tool (none named: {self.tools!r}); leave it "
+                    "unset (None) to enable every bound tool"
+                )
+            object.__setattr__(self, "tools", names)
 
     def planner_sampling(self) -> Sampling:
         """Return the planner's sampling settings: the one place they are assembled."""
@@ -136,11 +165,16 @@ class Context:
         return cls(**data)
 
 
-def _positive(value: object) -> bool:
-    """Whether `value` is a finite real number above 0 (not NaN, not inf, not a bool)."""
+def _positive(value: object, most: float = math.inf) -> bool:
+    """Whether `value` is a finite real number above 0 and at most `most` (never a bool)."""
     return (
         isinstance(value, int | float)
         and not isinstance(value, bool)
         and math.isfinite(value)
-        and value > 0
+        and 0 < value <= most
     )
+
+
+def _whole(value: object) -> bool:
+    """Whether `value` is an int (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -51,9 +51,9 @@ def test_run_streams_steps_and_saves_a_token_faithful_trajectory(
     ("argv", "message"),
     [
         (["--planner", "/nonexistent/model"], "model '/nonexistent/model' does not exist"),
-        (["--max-turns", "0"], "max_turns must be >= 1"),
+        (["--max-turns", "0"], "max_turns must be a whole number in [1, 100]"),
         (["--tools", "python,teleport"], "unknown tools ['teleport']"),
-        (["--temperature", "-1"], "planner temperature must be >= 0"),
+        (["--temperature", "-1"], "planner temperature must be a finite number in [0, 10]"),
         (["--corpus", "/nonexistent.jsonl"], "is not a file"),
         (["--web"], "TAVILY_API_KEY"),
     ],

@@ -21,7 +21,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from fakes import FakeChatModel
 from flowlearn.compose import STUDIO_PYTHON_ENV, FlowSpec, UsageError, build_tools, check_names
-from flowlearn.studio_http import OriginGuard
+from flowlearn.studio_http import LOCAL_HOSTS, OriginGuard
 
 ROOT = Path(__file__).parents[2]
 CORS = json.loads((ROOT / "langgraph.json").read_text(encoding="utf-8"))["http"]["cors"]
@@ -43,6 +43,7 @@ def guarded_client() -> TestClient:
         inner,
         allow_origins=CORS["allow_origins"],
         allow_origin_regex=CORS["allow_origin_regex"],
+        allow_hosts=[*LOCAL_HOSTS, "testserver"],  # Starlette's client opens ws://testserver
     )
     return TestClient(guard, base_url="http://127.0.0.1:2024")
 
