@@ -123,7 +123,7 @@ def test_vllm_engine_server_from_the_cli(
     def no_local(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a local model was loaded")
 
-    monkeypatch.setattr("flowlearn.compose.load_local_models", no_local)
+    monkeypatch.setattr("flowlearn.compose.models.load_local_models", no_local)
     before = len(stand_in.models_named)
     assert (
         main(["run", "What is 2+2?", "--planner-url", url, "--planner", tiny, *engine, *flags]) == 0

@@ -1,0 +1,114 @@
+"""A training job's parts from a `FlowGRPOConfig`'s names: planner, engine, tools and data.
+
+Training's modules load torch and TRL, so only the functions that build a job import them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flowlearn.compose.flows import build_tools, load_work
+from flowlearn.compose.models import server_engine
+from flowlearn.compose.names import FlowSpec, check_names
+from flowlearn.engine import (
+    BatchingPolicy,
+    FrozenBasePolicy,
+    HFChatModel,
+    HFPolicy,
+    ModelHandle,
+    ModelNotFoundError,
+    untrained_twin,
+)
+from flowlearn.errors import UsageError
+
+if TYPE_CHECKING:
+    from flowlearn.training.config import FlowGRPOConfig
+    from flowlearn.training.run import TrainingParts
+
+
+def training_spec(config: FlowGRPOConfig) -> FlowSpec:
+    """Name the job's planner, engine and tools from the config alone (plus cache folders)."""
+    env = FlowSpec.from_env()
+    return FlowSpec(
+        planner=config.planner or "default",
+        engine=None if config.engine == "base" else config.engine,
+        engine_max_new_tokens=config.engine_max_new_tokens,
+        corpus=config.corpus,
+        prompts=config.prompts,
+        cache_dir=env.cache_dir,
+        benchmarks_dir=env.benchmarks_dir,
+    )
+
+
+def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
+    """Check every name, then load the planner (LoRA-wrapped when asked), engine, tools, data.
+
+    LoRA wraps the planner here, so the frozen base can serve as the engine (`engine: base`).
+    Raises `UsageError`: a bad name, or a model that cannot be found, with how to fix it.
+    """
+    from flowlearn.training.model import load_planner, with_lora
+    from flowlearn.training.run import TrainingParts
+    from flowlearn.training.vllm.settings import require_vllm
+
+    spec = training_spec(config)
+    check_names(spec, tools=config.tools, benchmark=config.benchmark, data=config.data)
+    try:
+        require_vllm(config)  # use_vllm: vLLM is there, before any model loads
+        data = None
+        if not config.trajectories:  # a data file with no scorer is scored by exact match
+            scorer = config.scorer or (None if config.benchmark else "exact_match")
+            _, cases, score, _ = load_work(
+                spec,
+                benchmark=config.benchmark,
+                data=config.data,
+                scorer=scorer,
+                limit=config.limit,
+            )
+            data = (cases, score)
+        device = "cpu" if config.use_cpu else None  # None: CUDA when available
+        model, tokenizer, lora = load_planner(config, spec.planner, spec.cache_dir, device)
+    except (ValueError, ModelNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
+    if lora:
+        model = with_lora(model, config)
+    handle = ModelHandle(model, tokenizer)  # the live planner and the frozen base share its lock
+    parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
+    parts.prompts = spec.prompt_set()
+    if data is None:
+        return parts
+    parts.engine = training_engine(config, spec, handle, device)
+    parts.tools = build_tools(spec, parts.engine, parts.prompts)
+    parts.cases, parts.scorer = data
+    return parts
+
+
+def training_engine(
+    config: FlowGRPOConfig, spec: FlowSpec, handle: ModelHandle, device: str | None
+) -> HFChatModel:
+    """Return the rollouts' fixed engine: on `engine_url`, the frozen base, or its own model.
+
+    Raises:
+        UsageError: a served engine whose tokenizer does not load here.
+
+    """
+    if config.engine_url is not None:  # the server batches the concurrent rollouts' calls
+        return server_engine(
+            config.engine_url,
+            config.engine,
+            fixed_max_new_tokens=config.engine_max_new_tokens,
+            max_new_tokens=spec.prompt_set().budgets.engine,
+        )
+    from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
+
+    if config.engine == "base":
+        backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
+    else:
+        backend = HFPolicy.from_pretrained(
+            spec.engine or untrained_twin(spec.planner), device=device, cache_dir=spec.cache_dir
+        )
+    return HFChatModel(
+        # the rollouts' engine calls are concurrent too: decoded together, not one by one
+        policy=BatchingPolicy(backend, max_batch_size=ROLLOUT_CONCURRENCY),
+        max_new_tokens=spec.prompt_set().budgets.engine,
+        fixed_max_new_tokens=config.engine_max_new_tokens,
+    )
