@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from flowlearn.graphs import Context
-from flowlearn.nodes.prompts import PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS
 from flowlearn.training import Trajectory, Transition
 from flowlearn.training.trainer import FlowGRPOTrainer
 
@@ -55,13 +55,14 @@ CHATML = (
 
 
 def tokenizer(folder: Path) -> Any:
-    """A byte-level BPE fitted to the flow's prompt templates (no hub access needed)."""
+    """A byte-level BPE fitted to the flow's AgentFlow prompt templates (no hub access needed)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok.train_from_iterator(
-        [PLANNER_PROMPT, QUERY_ANALYSIS_PROMPT] * 50,
+        [AGENTFLOW_PROMPTS.template("planner", analysis=True), AGENTFLOW_PROMPTS.query_analysis]
+        * 50,
         trainers.BpeTrainer(
             vocab_size=2000,
             special_tokens=specials,

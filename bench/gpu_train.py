@@ -1,7 +1,12 @@
 """GPU check: Flow-GRPO steps through the real flow vs TRL's stock GRPOTrainer, side by side.
 
 Run: `python bench/gpu_train.py` on a machine with one CUDA GPU (`--tiny` runs a small model on
-CPU, to check the script itself, and writes bench/results/gpu_train_cpu_small.txt). A randomly
+CPU, to check the script itself, and writes bench/results/gpu_train_cpu_small.txt). At its
+defaults (2 steps, the second measured; 128 tokens a call; 8 flows in the rollout bench) it
+takes about 4 minutes on one H200. The arms run in order of importance (Flow-GRPO step, TRL's
+step, the rollout bench, the bf16 check) and the JSON is rewritten as each arm ends, so a
+timeout keeps the figures of the arms that finished. Prompts: AgentFlow's
+(`AGENTFLOW_PROMPTS`), for the flow's graph and the stock arm's planner prompt. A randomly
 initialised model of the Qwen2.5-0.5B configuration, loaded in bf16, is the planner; the fixed
 engine is scripted, so the measured time is the policy's. Both trainers get the same model
 configuration, group size, batch and completion budget, and both train fp32 master weights
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import statistics
 import sys
 import time
@@ -32,35 +38,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 import rollouts
 import torch
 from gpu_checks import QWEN25_05B, TINY, model, peak_gib, reset_peak, tokenizer, weights_move
+from rollout_speed import Timer, scripted_engine
 from trl import GRPOConfig, GRPOTrainer
 
-from flowlearn.engine.scripted import ScriptedChatModel as FakeChatModel
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context
-from flowlearn.nodes.prompts import PLANNER_PROMPT
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS
 from flowlearn.nodes.tools import python_tool
+from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
 from flowlearn.training.trainer import FlowGRPOTrainer, read_metrics
 
+PROMPTS = AGENTFLOW_PROMPTS
 RESULTS = Path(__file__).parent / "results" / "gpu_train.json"
 CPU_RESULTS = Path(__file__).parent / "results" / "gpu_train_cpu_small.txt"
-
-
-def engine() -> FakeChatModel:
-    """Scripted fixed engine: instant, so the timings are the policy's."""
-
-    def respond(messages: list[Any], tools: list[dict[str, Any]]) -> Any:
-        from langchain_core.messages import AIMessage
-
-        if tools:
-            call = {"name": tools[0]["name"], "args": {"code": "print(1)"}, "id": "1"}
-            return AIMessage("", tool_calls=[call])
-        prompt = str(messages[-1].content)
-        if prompt.startswith("Judge whether"):
-            return "Conclusion: CONTINUE"
-        return "<answer>1</answer>" if prompt.startswith("Answer") else "Analysis: arithmetic."
-
-    return FakeChatModel(respond=respond)
 
 
 def grpo_config(out: Path, args: argparse.Namespace, cuda: bool, **extra: Any) -> GRPOConfig:
@@ -102,8 +93,10 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
     trainer = FlowGRPOTrainer.online(
         policy,
         args=grpo_config(out / "flow", args, cuda),
-        engine=engine(),
+        engine=scripted_engine(Timer()),  # instant: the timings are the policy's
         tools=[python_tool()],
+        prompts=PROMPTS,
+        rollout_concurrency=args.rollout_concurrency,
         scorer=lambda answer, case: Score(float(random.random() < 0.5), "random reward"),
         cases=cases,
         context=Context(  # with the analysis call, as the recorded figures (before session 24)
@@ -118,12 +111,16 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
     start = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - start
-    records = read_metrics(out / "flow" / "metrics.jsonl")[1:]  # the first step warms up
+    records = read_metrics(out / "flow" / "metrics.jsonl")
+    records = records[1:] or records  # the first step warms up
     rollout = statistics.mean(r["flow/rollout_seconds"] for r in records)
     update = statistics.mean(r["flow/update_seconds"] for r in records)
     tokens = statistics.mean(r["flow/tokens"] for r in records)
     return {
         "steps": args.steps,
+        "rollout_concurrency": args.rollout_concurrency,
+        "rollout_seconds_per_step_all": [r["flow/rollout_seconds"] for r in records],
+        "update_seconds_per_step_all": [r["flow/update_seconds"] for r in records],
         "seconds_total": total,
         "rollout_seconds_per_step": rollout,
         "update_seconds_per_step": update,
@@ -143,7 +140,7 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
 
     cuda = device == "cuda"
     policy = model(args.shape, tok, device, dtype).float()  # fp32 master weights, as the flow's
-    prompt = PLANNER_PROMPT.format(
+    prompt = PROMPTS.template("planner", analysis=True).format(
         question="What is 12 + 30?",
         analysis="Analysis: arithmetic.",
         tools="- python: run code",
@@ -167,7 +164,8 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
     start = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - start
-    logs = [h for h in trainer.state.log_history if "step_time" in h][1:]
+    logs = [h for h in trainer.state.log_history if "step_time" in h]
+    logs = logs[1:] or logs  # the first step warms up
     times = [h["step_time"] for h in logs]
     lengths = [h.get("completions/mean_length", args.tokens) for h in logs]
     rows = args.questions * args.group
@@ -190,15 +188,34 @@ def run_rollouts(args: argparse.Namespace, tok: Any, device: str, dtype: Any) ->
     return rollouts.compare(policy, args.flows, args.rollout_tokens)
 
 
+def save(result: dict[str, Any], target: Path, cuda: bool) -> None:
+    """Write the figures so far (atomically): a timeout or kill keeps every finished arm."""
+    text = json.dumps(result, indent=2, default=str) + "\n"
+    if not cuda:  # the small CPU run checks the script; its figures are not the GPU's
+        text = (
+            f"CPU smoke run of `{result['command']}`: a script check, not the GPU result.\n{text}"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(target.suffix + ".partial")
+    partial.write_text(text)
+    partial.replace(target)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="small model on CPU (script check)")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=2, help="steps; the first warms up (2)")
     parser.add_argument("--questions", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--turns", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--flows", type=int, default=16, help="rollout bench: flows (16)")
+    parser.add_argument("--tokens", type=int, default=128, help="completion budget a call (128)")
+    parser.add_argument(
+        "--rollout-concurrency",
+        type=int,
+        default=ROLLOUT_CONCURRENCY,
+        help=f"flow: rollouts in flight, the planner's batch capacity ({ROLLOUT_CONCURRENCY})",
+    )
+    parser.add_argument("--flows", type=int, default=8, help="rollout bench: flows (8)")
     parser.add_argument(
         "--rollout-tokens", type=int, default=64, help="rollout bench: tokens per call (64)"
     )
@@ -208,48 +225,72 @@ def main() -> None:
     parser.add_argument(
         "--weight-steps", type=int, default=10, help="bf16 check: updates at lr 1e-6 (10)"
     )
+    parser.add_argument("--skip", nargs="*", default=[], choices=ARMS, help="arms to leave out")
     parser.add_argument("--out", type=Path, default=Path("/tmp/flowlearn-gpu-train"))
+    parser.add_argument("--results", type=Path, help="JSON path (bench/results/gpu_train.json)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda and not args.tiny:
         raise SystemExit("no CUDA device: run on a GPU machine, or pass --tiny to check on CPU")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # `timeout`: keep what finished
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     args.shape = TINY if args.tiny else QWEN25_05B
+    target = args.results or (RESULTS if cuda else CPU_RESULTS)
     tok = tokenizer(args.out / "tokenizer")
-    flow = run_flow(args, tok, device, dtype, args.out)
-    stock = run_stock(args, tok, device, dtype, args.out)
-    batching = run_rollouts(args, tok, device, dtype)
-    weights = weights_move(
-        lambda kind: model(args.shape, tok, device, kind),
-        tok,
-        lambda out, **extra: grpo_config(out, args, cuda, **extra),
-        args,
-        cuda,
-    )
-    settings = ("steps", "questions", "group", "turns", "tokens", "micro_batch", "weight_steps")
-    result = {
+    settings = ("steps", "questions", "group", "turns", "tokens", "rollout_concurrency")
+    settings += ("micro_batch", "flows", "rollout_tokens", "weight_steps")
+    result: dict[str, Any] = {
+        "command": " ".join(["python", "bench/gpu_train.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "device": torch.cuda.get_device_name() if cuda else "cpu (--tiny script check)",
         "model": "Qwen2.5-0.5B configuration, random init, bf16" if cuda else "tiny Qwen2, fp32",
+        "prompt_set": PROMPTS.name,
         "settings": {k: vars(args)[k] for k in settings},
         "peak_memory": "torch's peak GPU allocation" if cuda else "the process's peak RSS",
         "per_device_train_batch_size": args.micro_batch or args.questions * args.group,
-        "bf16_weights_move": weights,
-        "flow_grpo": flow,
-        "trl_grpo": stock,
-        "tokens_per_second_ratio_flow_over_stock": flow["completion_tokens_per_second"]
-        / stock["completion_tokens_per_second"],
-        "rollouts_batched_vs_sequential": batching,
     }
-    text = json.dumps(result, indent=2) + "\n"
-    print(text, end="")
-    target = RESULTS if cuda else CPU_RESULTS
-    if not cuda:  # the small CPU run checks the script; its figures are not the GPU's
-        command = " ".join(["python", "bench/gpu_train.py", *sys.argv[1:]])
-        text = f"CPU smoke run of `{command}`: a script check, not the GPU result.\n{text}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    print(f"wrote {target}")
+    print(f"gpu_train: {result}", flush=True)
+    arms = {
+        "flow_grpo": lambda: run_flow(args, tok, device, dtype, args.out),
+        "trl_grpo": lambda: run_stock(args, tok, device, dtype, args.out),
+        "rollouts_batched_vs_sequential": lambda: run_rollouts(args, tok, device, dtype),
+        "bf16_weights_move": lambda: weights_move(
+            lambda kind: model(args.shape, tok, device, kind),
+            tok,
+            lambda out, **extra: grpo_config(out, args, cuda, **extra),
+            args,
+            cuda,
+        ),
+    }
+    began = time.perf_counter()
+    try:
+        for name, arm in arms.items():
+            if name in args.skip:
+                continue
+            print(f"[{time.perf_counter() - began:6.0f} s] {name} ...", flush=True)
+            arm_began = time.perf_counter()
+            try:
+                result[name] = arm()
+            except Exception as exc:  # one arm failing must not cost the others' figures
+                result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            result[name]["arm_seconds"] = time.perf_counter() - arm_began
+            if "flow_grpo" in result and "trl_grpo" in result and name == "trl_grpo":
+                flow, stock = result["flow_grpo"], result["trl_grpo"]
+                if "error" not in flow and "error" not in stock:
+                    result["tokens_per_second_ratio_flow_over_stock"] = (
+                        flow["completion_tokens_per_second"] / stock["completion_tokens_per_second"]
+                    )
+            save(result, target, cuda)
+            print(json.dumps({name: result[name]}, indent=2, default=str), flush=True)
+            print(f"[{time.perf_counter() - began:6.0f} s] {name} done; wrote {target}", flush=True)
+    finally:
+        result["seconds_total"] = time.perf_counter() - began
+        save(result, target, cuda)
+    ratio = result.get("tokens_per_second_ratio_flow_over_stock")
+    print(f"wrote {target}; flow_over_stock_tokens_per_second={ratio}")
 
+
+ARMS = ("flow_grpo", "trl_grpo", "rollouts_batched_vs_sequential", "bf16_weights_move")
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,8 @@
 
 Run: `python bench/rollouts.py [--flows 16]`. Both arms use the same model (the embedded
 SmolLM2-135M default unless --planner names another), the same questions, seeds and token
-budgets, and the real flow with the default tools. The batched arm runs the flows on threads
+budgets, and the real flow with the default tools and AgentFlow's prompts (`AGENTFLOW_PROMPTS`,
+the planner's engine being the same model). The batched arm runs the flows on threads
 with `BatchingPolicy` under the planner and the engine; the sequential arm runs them in turn on
 the plain `HFPolicy`. Prints trajectories per second and their ratio (target: >= 3x on 2 CPU
 cores, >= 10x on a GPU) and writes bench/results/rollouts.json. On a shared machine, use
@@ -25,6 +26,7 @@ from flowlearn.engine.local import HFPolicy
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS
 from flowlearn.nodes.tools import default_tools
 from flowlearn.training import collect
 
@@ -75,7 +77,7 @@ def run(
     context: Context,
 ):
     engine = HFChatModel(policy=policy, max_new_tokens=context.planner_max_new_tokens)
-    graph = build_agentflow(policy, engine, default_tools(engine))
+    graph = build_agentflow(policy, engine, default_tools(engine), prompts=AGENTFLOW_PROMPTS)
     start = time.perf_counter()
     trajectories = collect(
         graph,
@@ -148,6 +150,7 @@ def compare(
     ]
     return {
         "flows": len(batched),
+        "prompt_set": AGENTFLOW_PROMPTS.name,
         "max_turns": max_turns,
         "tokens_per_call": tokens,
         "max_wait_s": max_wait,

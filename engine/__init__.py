@@ -21,7 +21,7 @@ from flowlearn.engine.protocol import ChoosingModel, Policy, PrefillPolicy
 from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.engine.scripted import ScriptedChatModel, ScriptedPolicy
 from flowlearn.engine.server import ServerPolicy
-from flowlearn.engine.tokens import BatchDecoder, ModelHandle, TokenModel, sample
+from flowlearn.engine.tokens import BatchDecoder, DecodeStats, ModelHandle, TokenModel, sample
 from flowlearn.errors import ModelNotFoundError, ServerError
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "BatchingPolicy",
     "ChatModelPolicy",
     "ChoosingModel",
+    "DecodeStats",
     "FrozenBasePolicy",
     "Generation",
     "HFChatModel",

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.engine.stops import StopWatch
-from flowlearn.engine.tokens import BatchDecoder, ModelHandle, Request, Running
+from flowlearn.engine.tokens import BatchDecoder, DecodeStats, ModelHandle, Request, Running
 
 IDLE_EXIT_S = 5.0
 """A batching worker with nothing to decode for this long ends; the next call starts one."""
@@ -207,6 +207,11 @@ class BatchingPolicy:
         self._start_lock = threading.Lock()
 
     @property
+    def stats(self) -> DecodeStats:
+        """Where the batching worker's time went (prefill, decoding, waits), over its life."""
+        return self._decoder.stats
+
+    @property
     def handle(self) -> ModelHandle:
         """The wrapped policy's model handle."""
         return self.wrapped.handle
@@ -343,13 +348,19 @@ class BatchingPolicy:
             arrived.append(item)
 
         if running is None:
-            take(self._queue.get(timeout=IDLE_EXIT_S))
-            deadline = time.perf_counter() + self.max_wait_s
+            stats, began = self.stats, time.perf_counter()
+            try:
+                take(self._queue.get(timeout=IDLE_EXIT_S))
+            finally:
+                stats.idle_seconds += time.perf_counter() - began
+            first = time.perf_counter()
+            deadline = first + self.max_wait_s
             while len(arrived) < room:
                 try:
                     take(self._queue.get(timeout=max(0.0, deadline - time.perf_counter())))
                 except queue.Empty:
                     break
+            stats.forming_seconds += time.perf_counter() - first
             return arrived
         while len(arrived) < room:
             try:

@@ -12,6 +12,7 @@ for greedy), the distribution it was drawn from and the one training recomputes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -296,6 +297,52 @@ def pick_rows(
 
 
 @dataclass
+class DecodeStats:
+    """Where a batched decoder's time went: a few clock reads per step, always on.
+
+    The batching worker adds its waits (`idle_seconds`, `forming_seconds`) and each request's
+    time in the queue; benches read the totals (`bench/rollout_speed.py`). On a GPU the forward
+    only launches kernels and `pick_seconds` (which reads the chosen tokens back) waits for
+    them, unless `sync` is set: then each forward is synchronised and timed whole.
+    """
+
+    prefill_seconds: float = 0.0
+    """Reading arrived prompts (their KV cache) and stacking them onto the running batch."""
+    prefill_rows: int = 0
+    steps: int = 0
+    """Decoding steps: one forward over one new token per busy row."""
+    pick_seconds: float = 0.0
+    """Choosing every row's next token (`pick_rows`: log-softmax, top-p, draw, read back)."""
+    forward_seconds: float = 0.0
+    """The model's decoding forwards."""
+    host_seconds: float = 0.0
+    """The rest of a step on the host: stop checks, finished rows leaving, mask growth."""
+    row_steps: int = 0
+    """Rows decoded, summed over steps (rows busy per step x steps)."""
+    tokens: int = 0
+    """Tokens chosen (every request's completion tokens)."""
+    requests: int = 0
+    queue_seconds: float = 0.0
+    """Summed over requests: from `submit` to the start of their prefill."""
+    idle_seconds: float = 0.0
+    """The worker waiting for a first request, nothing being decoded."""
+    forming_seconds: float = 0.0
+    """The worker waiting up to `max_wait_s` for company before a new batch starts."""
+    sync: bool = False
+    """Synchronise the device after each forward (benches on a GPU), so it is timed whole."""
+
+    def occupancy(self, capacity: int) -> float:
+        """Return rows busy per decoding step over `capacity` (the batch's most rows)."""
+        return self.row_steps / (self.steps * capacity) if self.steps and capacity else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """Return the counters (the `sync` switch left out)."""
+        values = dataclasses.asdict(self)
+        values.pop("sync")
+        return values
+
+
+@dataclass
 class Request:
     """One queued call: its prompt ids and settings, the ids sampled so far, its future."""
 
@@ -309,6 +356,8 @@ class Request:
     completion: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     started: float = 0.0
+    queued: float = field(default_factory=time.perf_counter)
+    """When it was submitted (`DecodeStats.queue_seconds`)."""
     seed: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -345,6 +394,8 @@ class BatchDecoder:
 
     policy: TokenModel
     min_shared_prefix: int = 32
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    """Where the decoder's time went, accumulated over its life."""
 
     def admit(self, running: Running | None, arrived: list[Request]) -> Running | None:
         """Read the arrived prompts (a group per shared prefix) and stack them onto the batch.
@@ -352,9 +403,26 @@ class BatchDecoder:
         A request whose prompt or sampler is bad fails alone; a group whose reading fails is
         read again one request at a time, so only the culprit fails.
         """
+        began = time.perf_counter()
         ready = [request for request in arrived if self._start(request)]
         if not ready:
             return running
+        stats = self.stats
+        stats.requests += len(ready)
+        stats.prefill_rows += len(ready)
+        stats.queue_seconds += sum(began - r.queued for r in ready)
+        try:
+            batch = self._stack(running, ready)
+            if stats.sync and batch is not None and batch.logits.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(batch.logits.device)
+            return batch
+        finally:
+            stats.prefill_seconds += time.perf_counter() - began
+
+    def _stack(self, running: Running | None, ready: list[Request]) -> Running | None:
+        """Prefill the ready requests, a group per shared prefix, and stack them onto `running`."""
         groups = prefix_groups([r.prompt_ids for r in ready], self.min_shared_prefix)
         reads = [read for group in groups for read in self._read([ready[i] for i in group])]
         rows = [request for members, _ in reads for request in members]
@@ -407,10 +475,14 @@ class BatchDecoder:
         """Pick every row's next token, finish the requests that are done, decode one step."""
         import torch
 
+        stats, began = self.stats, time.perf_counter()
         rows = running.rows
         picked = pick_rows(
             running.logits.float(), [r.sampling for r in rows], [r.generator for r in rows]
         )
+        picked_at = time.perf_counter()
+        stats.pick_seconds += picked_at - began
+        stats.tokens += len(rows)
         stops = self.policy.handle.stop_ids()
         kept = []
         for j, (request, (token, logprob)) in enumerate(zip(rows, picked, strict=True)):
@@ -425,6 +497,7 @@ class BatchDecoder:
             else:
                 kept.append(j)
         if not kept:
+            stats.host_seconds += time.perf_counter() - picked_at
             return None
         model = self.policy.handle.model
         chosen = torch.tensor([token for token, _ in picked], device=model.device)
@@ -435,6 +508,7 @@ class BatchDecoder:
             rows = [rows[j] for j in kept]
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], 1)
         last = last + 1
+        forward_at = time.perf_counter()
         with self.policy.handle.lock, self.policy.forward_scope(), torch.no_grad():
             out = model(
                 input_ids=chosen.unsqueeze(1),
@@ -443,6 +517,13 @@ class BatchDecoder:
                 use_cache=True,
                 cache=cache,
             )
+            if stats.sync and model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+        ended = time.perf_counter()
+        stats.host_seconds += forward_at - picked_at
+        stats.forward_seconds += ended - forward_at
+        stats.steps += 1
+        stats.row_steps += len(rows)
         return Running(rows, out.cache, mask, last, out.logits[:, -1, :])
 
     def _finish(self, request: Request) -> None:

@@ -111,3 +111,21 @@ def test_the_interpreter_exits_cleanly_with_an_idle_worker(tiny_model_dir: Path)
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "exiting" in done.stdout
+
+
+def test_the_worker_counts_where_its_time_goes(policies: tuple[HFPolicy, BatchingPolicy]) -> None:
+    _, batched = policies
+    sampling = Sampling(temperature=1.0, max_new_tokens=5, seed=1)
+    futures = [
+        batched.submit(batched.encode_chat(chat(text)), sampling, ()) for text in PROMPTS * 2
+    ]
+    generations = [future.result(timeout=60) for future in futures]
+    stats = batched.stats
+    tokens = sum(len(g.completion_ids) for g in generations)
+    assert stats.requests == stats.prefill_rows == 4 and stats.tokens == tokens
+    assert stats.steps >= 4 and 4 <= stats.row_steps + 4 <= tokens + 4
+    assert 0 < stats.occupancy(8) <= 0.5  # at most 4 of 8 rows were ever busy
+    assert stats.prefill_seconds > 0 and stats.forward_seconds > 0 and stats.pick_seconds > 0
+    assert stats.queue_seconds >= 0 and stats.idle_seconds >= 0 and stats.forming_seconds > 0
+    assert "sync" not in stats.as_dict() and stats.as_dict()["steps"] == stats.steps
+    batched.close()

@@ -1,0 +1,468 @@
+"""Rollout speed: the flow's rollouts against TRL's own GRPOTrainer generation, side by side.
+
+Run: `python bench/rollout_speed.py` (the embedded SmolLM2-135M untrained, `default-base`, on
+CPU), `--tiny` (a tiny random Qwen2 on CPU: the model's compute is almost free, so the host's
+cost shows, as on a GPU) or `--device cuda` (a random Qwen2.5-0.5B-shaped model in bf16, built
+locally: no hub). Both arms get the same model weights, the same batch (questions x G), the
+same completion budget and sampling (temperature 1, no top-p or top-k), and the same prompts:
+TRL's are the planner's first-turn prompts exactly as the flow rendered them (their token ids,
+decoded with their special tokens), under the AgentFlow prompt set (`AGENTFLOW_PROMPTS`).
+
+1. The flow arm: Q x G rollouts of the AgentFlow graph at once (`collect`, one thread each)
+   with the planner batched by `BatchingPolicy` (batch capacity Q x G, as TRL's), a scripted
+   engine (timed; instant) and the `python` tool (timed; a subprocess, unisolated, running
+   `print(1)`). Its tokens are the planner's completion tokens, every turn; its seconds the
+   rollouts' wall time. The engine's `DecodeStats` say where the batching worker's time went.
+2. The update: one offline Flow-GRPO update on those rollouts (`--no-update` skips it).
+3. TRL's arm: `GRPOTrainer._generate` (TRL's generation path: tokenize, `generate`, EOS mask)
+   on the same prompts, each repeated G times, after one warm-up call; no update. Its tokens
+   are the completions' ids up to and with the first EOS, counted as the flow counts its own.
+
+Results go to bench/results/rollout_speed_<machine>[_tiny].json and a .txt of the report,
+rewritten as each arm ends (a timeout keeps what finished). The last line printed is
+`flow_over_trl_tokens_per_second=<ratio>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch
+from gpu_checks import QWEN25_05B, TINY, model, tokenizer
+
+from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.local import HFPolicy
+from flowlearn.engine.sampling import Sampling
+from flowlearn.engine.scripted import ScriptedChatModel
+from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import Score
+from flowlearn.graphs import Context, build_agentflow
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS
+from flowlearn.nodes.tools import python_tool
+from flowlearn.training import collect
+
+RESULTS = Path(__file__).parent / "results"
+DEFAULTS = {  # questions, group, tokens, turns per mode: sized for about 15, 2 and 5 minutes
+    "cpu": (2, 8, 64, 2),
+    "tiny": (4, 8, 64, 2),
+    "cuda": (4, 8, 256, 2),
+}
+
+
+class Report:
+    """The figures and printed lines so far, rewritten to JSON and .txt at every `save`."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.data, self.lines = out, {}, []
+
+    def say(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def save(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        for path, text in (
+            (self.out, json.dumps(self.data, indent=2, default=str) + "\n"),
+            (self.out.with_suffix(".txt"), "\n".join(self.lines) + "\n"),
+        ):
+            partial = path.with_suffix(path.suffix + ".partial")
+            partial.write_text(text)
+            partial.replace(path)
+
+
+class Timer:
+    """Seconds and calls summed over threads."""
+
+    def __init__(self) -> None:
+        self.seconds, self.calls, self._lock = 0.0, 0, threading.Lock()
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+            self.calls += 1
+
+
+def scripted_engine(timer: Timer) -> ScriptedChatModel:
+    """The fixed engine, instant: it recognises the AgentFlow and the SmolLM2 wordings."""
+
+    def respond(messages: list[Any], tools: list[dict[str, Any]]) -> Any:
+        from langchain_core.messages import AIMessage
+
+        began = time.perf_counter()
+        try:
+            if tools:
+                call = {"name": tools[0]["name"], "args": {"code": "print(1)"}, "id": "1"}
+                return AIMessage("", tool_calls=[call])
+            prompt = str(messages[-1].content)
+            if "Conclusion: CONTINUE" in prompt:  # the verifier, either prompt set
+                return "The memory is not enough yet.\nConclusion: CONTINUE"
+            if "<answer>" in prompt:  # the generator, either prompt set
+                return "<answer>1</answer>"
+            return "Analysis: arithmetic; the python tool computes it."  # the query analysis
+        finally:
+            timer.add(time.perf_counter() - began)
+
+    return ScriptedChatModel(respond=respond)
+
+
+def timed_python(timer: Timer) -> Any:
+    """The `python` tool (unisolated: it only ever runs the engine's `print(1)`), timed."""
+    from langchain_core.tools import StructuredTool
+
+    inner = python_tool(isolation="none")
+
+    def python(code: str) -> str:
+        began = time.perf_counter()
+        try:
+            return str(inner.invoke({"code": code}))
+        finally:
+            timer.add(time.perf_counter() - began)
+
+    return StructuredTool.from_function(
+        python, name=inner.name, description=inner.description, args_schema=inner.args_schema
+    )
+
+
+def questions(count: int) -> list[Case]:
+    rng = random.Random(0)
+    return [
+        Case(f"q{i}", f"What is {rng.randint(2, 99)} + {rng.randint(2, 99)}?", "0")
+        for i in range(count)
+    ]
+
+
+def run_flow(args: argparse.Namespace, policy: HFPolicy, report: Report) -> tuple[dict, list]:
+    """Roll out Q x G flows at once with the planner batched; return figures and trajectories."""
+    rows = args.concurrency or args.questions * args.group
+    warm = BatchingPolicy(policy, max_batch_size=rows)  # first forwards (kernels, allocator)
+    warm.submit(policy.encode_chat([{"role": "user", "content": "Hi"}]), args.sampling).result()
+    warm.close()
+    batched = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait)
+    batched.stats.sync = args.device == "cuda"  # forwards timed whole (the picks sync anyway)
+    engine_time, tool_time = Timer(), Timer()
+    graph = build_agentflow(
+        batched, scripted_engine(engine_time), [timed_python(tool_time)], prompts=args.prompts
+    )
+    context = Context(
+        max_turns=args.turns,
+        planner_temperature=1.0,
+        planner_top_p=1.0,
+        planner_max_new_tokens=args.tokens,
+        query_analysis=True,
+        max_seconds=None,
+        seed=0,
+    )
+    report.say(
+        f"flow: {args.questions * args.group} rollouts, {rows} at once, up to {args.turns} "
+        "planner turns each ..."
+    )
+    began = time.perf_counter()
+    trajectories = collect(
+        graph,
+        questions(args.questions),
+        lambda answer, case: Score(float(random.random() < 0.5), "random reward"),
+        group_size=args.group,
+        concurrency=rows,
+        context=context,
+        progress=True,
+    )
+    wall = time.perf_counter() - began
+    batched.close()
+    planner = [t for r in trajectories for t in r.transitions if t["node"] == "planner"]
+    tokens = sum(len(t.get("completion_ids") or []) for t in planner)
+    stats = batched.stats
+    worker = {
+        "prefill": stats.prefill_seconds,
+        "decode_forward": stats.forward_seconds,
+        "token_picking": stats.pick_seconds,
+        "host_per_step": stats.host_seconds,
+        "forming_a_batch": stats.forming_seconds,
+        "idle_no_request": stats.idle_seconds,
+    }
+    worker["other"] = wall - sum(worker.values())
+    flows = len(trajectories)
+    planner_seconds = sum(float(t.get("seconds") or 0.0) for t in planner)
+    per_flow = {  # mean seconds one rollout spent in each, of its wall time
+        "planner_calls_decoding": planner_seconds / flows,
+        "planner_calls_queued": stats.queue_seconds / flows,
+        "tools": tool_time.seconds / flows,
+        "engine_calls": engine_time.seconds / flows,
+    }
+    mean_wall = sum(r.metadata["wall_seconds"] for r in trajectories) / flows
+    per_flow["host_in_flow"] = mean_wall - sum(per_flow.values())
+    figures = {
+        "rollouts": flows,
+        "planner_calls": len(planner),
+        "completion_tokens": tokens,
+        "seconds": wall,
+        "completion_tokens_per_second": tokens / wall,
+        "batch_capacity": rows,
+        "occupancy": stats.occupancy(rows),
+        "mean_rows_per_decode_step": stats.row_steps / max(stats.steps, 1),
+        "decode_steps": stats.steps,
+        "mean_prompt_tokens": sum(len(t.get("prompt_ids") or []) for t in planner) / len(planner),
+        "worker_seconds": worker,
+        "per_rollout_seconds": per_flow | {"wall": mean_wall},
+        "tool_calls": tool_time.calls,
+        "engine_calls": engine_time.calls,
+        "decode_stats": stats.as_dict(),
+    }
+    return figures, trajectories
+
+
+def run_update(args: argparse.Namespace, policy: HFPolicy, trajectories: list) -> dict:
+    """One offline Flow-GRPO update on the rollouts (every planner turn a row)."""
+    from trl import GRPOConfig
+
+    from flowlearn.training.trainer import FlowGRPOTrainer
+
+    rows = args.questions * args.group
+    config = GRPOConfig(
+        output_dir=str(args.work / "update"),
+        per_device_train_batch_size=rows,
+        num_generations=args.group,
+        max_steps=1,
+        learning_rate=1e-6,
+        temperature=1.0,
+        loss_type="dapo",
+        beta=0.0,
+        max_completion_length=args.tokens,
+        report_to="none",
+        save_strategy="no",
+        bf16=args.device == "cuda",
+        use_cpu=args.device != "cuda",
+        seed=0,
+    )
+    context = Context(
+        max_turns=args.turns,
+        planner_temperature=1.0,
+        planner_top_p=1.0,
+        planner_max_new_tokens=args.tokens,
+        query_analysis=True,
+    )
+    trainer = FlowGRPOTrainer.offline(
+        policy.model,
+        args=config,
+        trajectories=trajectories,
+        context=context,
+        processing_class=policy.tokenizer,
+    )
+    began = time.perf_counter()
+    trainer.train()
+    return {"seconds": time.perf_counter() - began, "rollouts": len(trajectories)}
+
+
+def run_trl(args: argparse.Namespace, policy: HFPolicy, prompts: list[str]) -> dict:
+    """Time TRL's generation path (`GRPOTrainer._generate`) on the flow's planner prompts."""
+    import datasets
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = args.questions * args.group
+    config = GRPOConfig(
+        output_dir=str(args.work / "trl"),
+        per_device_train_batch_size=rows,
+        num_generations=args.group,
+        max_steps=1,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_completion_length=args.tokens,
+        report_to="none",
+        save_strategy="no",
+        bf16=args.device == "cuda",
+        use_cpu=args.device != "cuda",
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=policy.model,
+        reward_funcs=[lambda completions, **kwargs: [0.0] * len(completions)],
+        args=config,
+        train_dataset=datasets.Dataset.from_list([{"prompt": p} for p in prompts]),
+        processing_class=policy.tokenizer,
+    )
+    seen: dict[str, Any] = {}
+    single_turn = trainer._generate_single_turn
+
+    def timed(prompt_ids: Any, *rest: Any, **kwargs: Any) -> Any:
+        seen["prompt_tokens"] = sum(len(p) for p in prompt_ids) / len(prompt_ids)
+        completion_ids, logprobs = single_turn(prompt_ids, *rest, **kwargs)
+        seen["tokens"] = sum(len(c) for c in completion_ids)
+        return completion_ids, logprobs
+
+    trainer._generate_single_turn = timed
+    batch = [p for p in prompts for _ in range(args.group)]
+    trainer.model.eval()
+    trainer._generate(batch[: args.group])  # warm-up: one question's G completions
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    trainer._generate(batch)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - began
+    return {
+        "completions": len(batch),
+        "completion_tokens": seen["tokens"],
+        "seconds": seconds,
+        "completion_tokens_per_second": seen["tokens"] / seconds,
+        "mean_prompt_tokens": seen["prompt_tokens"],
+    }
+
+
+def load(args: argparse.Namespace) -> HFPolicy:
+    """The model both arms use: built afresh (same seed, same weights) for each arm."""
+    if args.tiny or args.device == "cuda":
+        shape, dtype = (TINY, torch.float32) if args.tiny else (QWEN25_05B, torch.bfloat16)
+        tok = tokenizer(args.work / "tokenizer")
+        return HFPolicy(model(shape, tok, args.device, dtype), tok, version=args.model_name)
+    return HFPolicy.from_pretrained(args.planner, device=args.device)
+
+
+def breakdown(flow: dict, update: dict | None) -> list[str]:
+    wall = flow["seconds"]
+    lines = [f"flow wall time {wall:.1f} s: where the batching worker spent it"]
+    lines += [
+        f"  {name:<18} {seconds:8.2f} s {100 * seconds / wall:5.1f}%"
+        for name, seconds in flow["worker_seconds"].items()
+    ]
+    per = flow["per_rollout_seconds"]
+    lines.append(f"one rollout's {per['wall']:.1f} s (mean), by what it waited on")
+    lines += [
+        f"  {name:<22} {seconds:8.2f} s {100 * seconds / per['wall']:5.1f}%"
+        for name, seconds in per.items()
+        if name != "wall"
+    ]
+    if update is not None:
+        lines.append(f"update (one offline step on these rollouts): {update['seconds']:.2f} s")
+    lines.append(
+        f"occupancy {flow['occupancy']:.2f} (mean {flow['mean_rows_per_decode_step']:.1f} rows "
+        f"busy of {flow['batch_capacity']} over {flow['decode_steps']} decode steps)"
+    )
+    return lines
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--tiny", action="store_true", help="a tiny random Qwen2 on CPU")
+    mode.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--planner", default="default-base", help="model on CPU (default-base)")
+    parser.add_argument("--questions", type=int, help="Q (cpu 2, tiny 4, cuda 4)")
+    parser.add_argument("--group", type=int, help="G, rollouts per question (8)")
+    parser.add_argument("--tokens", type=int, help="completion budget a call (cpu/tiny 64, 256)")
+    parser.add_argument("--turns", type=int, help="the flow's planner turns (2)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        help="flow: rollouts in flight and batch capacity (default Q x G, TRL's batch; the "
+        "trainer's default rollout_concurrency is 16)",
+    )
+    parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait (0.05 s)")
+    parser.add_argument("--no-update", action="store_true", help="skip the update's timing")
+    parser.add_argument("--out", type=Path, help="JSON path (bench/results/rollout_speed_...)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/flowlearn-rollout-speed"))
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.device = "tiny"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here (--tiny checks the script on CPU)")
+    defaults = DEFAULTS[args.device]
+    for name, value in zip(("questions", "group", "tokens", "turns"), defaults, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if args.tiny:
+        args.device, args.machine, args.model_name = "cpu", "cpu", "tiny-qwen2-random"
+    elif args.device == "cuda":
+        name = torch.cuda.get_device_name()
+        args.machine = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+        args.model_name = "qwen2.5-0.5b-shaped-random-bf16"
+    else:
+        args.machine, args.model_name = "cpu", args.planner
+    suffix = "_tiny" if args.tiny else ""
+    args.out = args.out or RESULTS / f"rollout_speed_{args.machine}{suffix}.json"
+    args.sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=4, seed=0)
+    args.prompts = AGENTFLOW_PROMPTS
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # `timeout`: keep what finished
+    report = Report(args.out)
+    report.data = {
+        "command": " ".join(["python", "bench/rollout_speed.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": args.machine,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "model": args.model_name,
+        "prompt_set": args.prompts.name,
+        "settings": {k: vars(args)[k] for k in ("questions", "group", "tokens", "turns")}
+        | {
+            "max_wait_s": args.max_wait,
+            "batch": args.questions * args.group,
+            "flow_concurrency": args.concurrency or args.questions * args.group,
+        },
+    }
+    report.say(f"rollout speed on {report.data['device']}, {args.model_name}: {report.data}")
+    report.save()
+    try:
+        policy = load(args)
+        flow, trajectories = run_flow(args, policy, report)
+        report.data["flow"] = flow
+        report.say(
+            f"flow: {flow['completion_tokens']} planner tokens in {flow['seconds']:.1f} s: "
+            f"{flow['completion_tokens_per_second']:.1f} tokens/s"
+        )
+        report.save()
+        first = {}
+        for trajectory in trajectories:  # each question's first planner prompt, as rendered
+            turn = next(t for t in trajectory.transitions if t["node"] == "planner")
+            first.setdefault(trajectory.group_id, turn["prompt_ids"])
+        prompts = [policy.tokenizer.decode(ids) for ids in first.values()]
+        update = None
+        if not args.no_update:
+            report.say("update: one offline Flow-GRPO step on the rollouts ...")
+            update = run_update(args, policy, trajectories)
+            report.data["update"] = update
+            report.say(f"update: {update['seconds']:.2f} s")
+            report.save()
+        del policy
+        report.say(f"trl: GRPOTrainer._generate, {len(prompts)} prompts x {args.group} ...")
+        trl = run_trl(args, load(args), prompts)
+        report.data["trl"] = trl
+        report.say(
+            f"trl: {trl['completion_tokens']} tokens in {trl['seconds']:.1f} s: "
+            f"{trl['completion_tokens_per_second']:.1f} tokens/s (prompts of "
+            f"{trl['mean_prompt_tokens']:.0f} tokens; the flow's first turns "
+            f"{flow['mean_prompt_tokens']:.0f} on average over all turns)"
+        )
+        ratio = flow["completion_tokens_per_second"] / trl["completion_tokens_per_second"]
+        report.data["flow_over_trl_tokens_per_second"] = ratio
+        for line in breakdown(flow, update):
+            report.say(line)
+        report.say(f"flow_over_trl_tokens_per_second={ratio:.3f}")
+    except BaseException as exc:
+        report.data["error"] = f"{type(exc).__name__}: {exc}"
+        report.say(f"stopped: {report.data['error']}; figures so far in {args.out}")
+        raise
+    finally:
+        report.save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
