@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Collection
 
@@ -12,10 +11,12 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from flowlearn.compose.names import STUDIO_HOSTS_ENV, studio_hosts
+
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 """The `Host:` names a local server answers to; `$FLOWLEARN_STUDIO_HOSTS` adds more."""
-HOSTS_ENV = "FLOWLEARN_STUDIO_HOSTS"
+HOSTS_ENV = STUDIO_HOSTS_ENV
 
 
 def host_name(host: str) -> str:
@@ -118,7 +119,7 @@ def guard_as_served(app: ASGIApp) -> OriginGuard:
     from langgraph_api.config import CORS_CONFIG  # type: ignore[import-untyped]
 
     cors = CORS_CONFIG or {}
-    extra = [h for h in os.environ.get(HOSTS_ENV, "").split(",") if h.strip()]
+    extra = studio_hosts()
     return OriginGuard(
         app,
         allow_origins=list(cors.get("allow_origins") or ()),

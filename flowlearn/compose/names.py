@@ -42,6 +42,8 @@ ENV = {
     "prompts": "FLOWLEARN_PROMPTS",
 }
 """Each `FlowSpec` field a variable may set, and its name; a given value always wins."""
+STUDIO_HOSTS_ENV = "FLOWLEARN_STUDIO_HOSTS"
+"""Comma-separated host names, beyond the local ones, the Studio server answers (a tunnel's)."""
 STUDIO_PYTHON_ENV = "FLOWLEARN_STUDIO_PYTHON"
 """Set to 1 to bind the `python` tool in the Studio graph (`FlowSpec.for_studio`); off if unset."""
 _TRUE = {"1", "true", "yes"}
@@ -236,3 +238,9 @@ def check_model_name(name: str) -> None:
             f"model folder {name!r} holds no model (no {' or '.join(MODEL_FILES)}); name a "
             "folder a model was saved to, a .gguf file or a hub id"
         )
+
+
+def studio_hosts(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Return the host names `$FLOWLEARN_STUDIO_HOSTS` adds to the Studio server's local ones."""
+    environ = os.environ if environ is None else environ
+    return [h.strip() for h in environ.get(STUDIO_HOSTS_ENV, "").split(",") if h.strip()]

@@ -144,7 +144,7 @@ def test_a_failing_request_fails_alone(
     )
     assert isinstance(results[1], RuntimeError) and "broken" in str(results[1])
     assert all(isinstance(r, Generation) for r in (results[0], results[2]))
-    too_long = together(batched, [(PROMPTS[0], Sampling(max_new_tokens=10**7))])
+    too_long = together(batched, [(PROMPTS[0], Sampling(max_new_tokens=100_000))])
     assert isinstance(too_long[0], ValueError) and "lower max_new_tokens" in str(too_long[0])
 
 

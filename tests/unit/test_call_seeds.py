@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from langchain_core.tools import tool
 
 from fakes import FakeChatModel, ScriptedPolicy, plan
@@ -52,6 +53,7 @@ def test_the_call_seed_keeps_the_other_settings() -> None:
 def test_the_call_seed_is_the_same_in_every_process_and_apart_from_the_analysis() -> None:
     # blake2b, not Python's salted hash(): a seeded eval draws alike on any machine
     assert Sampling(seed=1).for_call("q", 1).seed == 2920908230457214056
-    assert Sampling(seed=True).for_call("q", 1).seed == 2920908230457214056  # the int 1
+    with pytest.raises(ValueError, match="seed must be a whole number or None, got True"):
+        Sampling(seed=True)  # a bool is not a seed, though Python counts it as the int 1
     analysis, turn_one = (Sampling(seed=1).for_call("q", turn).seed for turn in (0, 1))
     assert analysis != turn_one  # a policy-written analysis (turn 0) draws on its own

@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-from flowlearn.training.config import FlowGRPOConfig, Range, describe, parse_config
+from flowlearn.training.config import FlowGRPOConfig, parse_config
+from flowlearn.training.config_checks import Range, describe
 
 
 def from_yaml(tmp_path: Path, line: str) -> FlowGRPOConfig:

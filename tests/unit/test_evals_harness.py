@@ -207,7 +207,7 @@ def test_an_unknown_scorer_fails_before_any_work() -> None:
         ([], "exactly one of --benchmark NAME or --data PATH"),
         (["--benchmark", "medqa", "--data", "x.json"], "exactly one of"),
         (["--data", "x.json"], "--data needs --scorer"),
-        (["--benchmark", "medqa", "--limit", "0"], "--limit must be >= 1"),
+        (["--benchmark", "medqa", "--limit", "0"], "--limit must be in [1, 10000000], got 0"),
         (["--data", "/nope.json", "--scorer", "exact_match"], "is not a file"),
         (["--benchmark", "medqa", "--save", "/tmp"], "--save /tmp is a folder"),
     ],

@@ -91,7 +91,7 @@ def test_without_query_analysis_no_engine_call_and_no_section_in_any_prompt() ->
     assert "Query analysis" not in judged and "LEFT OVER" not in judged
     make_verifier(verifier_engine)(state, runtime(query_analysis=True))
     assert "Query analysis:\nLEFT OVER" in str(verifier_engine.calls[1][-1].content)
-    with pytest.raises(ValueError, match="true, false or null"):
+    with pytest.raises(ValueError, match="true or false or null"):
         Context(query_analysis="false")  # type: ignore[arg-type]
 
 
