@@ -2,8 +2,8 @@
 
 On Linux the code runs in a bubblewrap sandbox (`sandbox.py`: what the child sees; the runner,
 `sandbox_runner.py`: limits and notebook-style output; `sandbox_process.py`: output pipes, the
-clock and the tree's memory; `sandbox_cgroup.py`: a pids cgroup per run, where the kernel's
-`RLIMIT_NPROC` does not hold). Where the host cannot isolate, the tool refuses, saying why; it
+clock and the tree's memory; `sandbox_cgroup.py`: a pids and a memory cgroup per run, where they
+can be made). Where the host cannot isolate, the tool refuses, saying why; it
 runs code unisolated only when built with `isolation="none"`, which logs a warning.
 """
 
@@ -25,6 +25,7 @@ from flowlearn.nodes.tools.sandbox import (
     installed_packages,
     require_sandbox,
 )
+from flowlearn.nodes.tools.sandbox_cgroup import memory_base, warn_resident_only
 from flowlearn.nodes.tools.sandbox_process import Outcome
 from flowlearn.nodes.tools.sandbox_run import Limits, run_isolated, run_unisolated
 
@@ -58,9 +59,10 @@ def report(outcome: Outcome, limits: Limits) -> str:
     if outcome.timed_out:
         parts.append(f"Error: timed out after {limits.timeout:g} s; the process was killed.")
     elif outcome.memory_mb is not None:
+        over = "over" if outcome.memory_mb > limits.memory_mb else "reaching"
         parts.append(
-            f"Error: the program's processes held {outcome.memory_mb:.0f} MB together, over the "
-            f"{limits.memory_mb} MB limit; all were killed."
+            f"Error: memory limit: the program's processes held {outcome.memory_mb:.0f} MB "
+            f"together, {over} the {limits.memory_mb} MB limit; all were killed."
         )
     elif outcome.tasks is not None:
         parts.append(
@@ -155,9 +157,10 @@ def usage_notes(limits: Limits, isolation: Isolation) -> str:
     if isolation == "none":
         return notes + f"{limits.timeout:g} s and {limits.memory_mb} MB limits."
     packages = ", ".join(installed_packages())
+    memory = "memory" if memory_base() is not None else "memory (resident only)"
     return notes + (
         "It runs isolated: no network, no files but its own empty folder (write files there), "
-        f"limits of {limits.timeout:g} s, {limits.memory_mb} MB of memory, {limits.disk_mb} MB "
+        f"limits of {limits.timeout:g} s, {limits.memory_mb} MB of {memory}, {limits.disk_mb} MB "
         f"of disk and {limits.max_processes} processes. The standard library"
         + (f" and {packages} can" if packages else " can")
         + " be imported."
@@ -188,6 +191,8 @@ def python_tool(
             "the python tool is built with isolation='none': model-written code will run with "
             "your user's rights (files, environment, network)"
         )
+    elif memory_base() is None:
+        warn_resident_only()
 
     def python(code: str) -> str:
         return run_python(

@@ -4,7 +4,9 @@ Output comes through pipes this process created, never through files in the chil
 no FIFO, symlink or replaced descriptor inside can block the reader or send output elsewhere.
 The pipes are read without blocking, capped, and only until the deadline. Every tick the
 resident memory of all the sandbox's processes is summed (through its own procfs, at
-`/proc/<pid 1>/root/proc`), and the whole sandbox is killed when it passes the limit.
+`/proc/<pid 1>/root/proc`), and the whole sandbox is killed when it passes the limit. Where
+the run has a memory cgroup (`sandbox_cgroup`), the kernel holds all its memory to the limit;
+this side then ends the whole run at the first OOM kill the cgroup reports.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from flowlearn.nodes.tools.sandbox_cgroup import MemoryCgroup
 
 TICK = 0.02
 """Seconds between checks of the clock and the memory; also the longest a sample can be late."""
@@ -56,7 +60,8 @@ class Outcome:
     stderr: Capped
     timed_out: bool = False
     memory_mb: float | None = None
-    """The tree's resident memory when it was killed for passing its limit; else None."""
+    """The tree's memory when it was killed for passing its limit (resident, or the memory
+    cgroup's peak when the kernel enforced it); else None."""
     tasks: int | None = None
     """The tree's processes and threads when it was killed for having too many; else None."""
 
@@ -172,6 +177,7 @@ def run_child(
     env: dict[str, str] | None = None,
     pass_fds: Sequence[int] = (),
     info_fd: int | None = None,
+    memory: MemoryCgroup | None = None,
 ) -> Outcome:
     """Run `argv` and watch it until it ends, the deadline passes or the memory runs over.
 
@@ -184,6 +190,7 @@ def run_child(
         env: the child's environment.
         pass_fds: descriptors the child inherits (the caller closes its own copies after).
         info_fd: the read end of bwrap's `--info-fd` pipe, which names the sandbox's PID 1.
+        memory: the run's memory cgroup, whose usage and OOM kills are watched too; None: none.
 
     """
     out_r, out_w = os.pipe()
@@ -209,7 +216,7 @@ def run_child(
         os.close(err_w)
     outcome = Outcome(-1, watch.streams[out_r], watch.streams[err_r])
     try:
-        _follow(proc, watch, outcome, deadline, tree)
+        _follow(proc, watch, outcome, deadline, tree, memory)
     except BaseException:  # interrupted here: nothing of the child may outlive the call
         _kill(proc, watch.init_pid())
         proc.wait()
@@ -225,6 +232,7 @@ def _follow(
     outcome: Outcome,
     deadline: float,
     tree: TreeLimits | None,
+    memory: MemoryCgroup | None,
 ) -> None:
     """Read until the child ends; kill it all at the deadline or when the tree runs over."""
     next_sample = time.monotonic()
@@ -237,8 +245,12 @@ def _follow(
         if tree is not None and init is not None and now >= next_sample:
             next_sample = now + TICK
             rss, tasks = tree_usage(init)
-            if rss > tree.memory_bytes:
-                outcome.memory_mb = rss / 2**20
+            # The cgroup's charge includes the resident pages, so the two are not added.
+            held = max(rss, memory.usage()) if memory is not None else rss
+            if held > tree.memory_bytes:
+                outcome.memory_mb = held / 2**20
+            elif memory is not None and memory.oom_kills():
+                outcome.memory_mb = memory.peak() / 2**20
             if tasks > tree.tasks:
                 outcome.tasks = tasks
             if outcome.killed:
@@ -252,6 +264,13 @@ def _follow(
     # Killing the sandbox's init ends all its processes; unisolated, the group is what goes.
     _kill(proc, watch.init_pid() if outcome.killed else None)
     outcome.returncode = proc.wait()
+    # Killed by the kernel before a tick saw it, or a charge refused (`ENOMEM`) at the limit.
+    if (
+        memory is not None
+        and not outcome.killed
+        and (memory.oom_kills() or (outcome.returncode != 0 and memory.hit_limit()))
+    ):
+        outcome.memory_mb = memory.peak() / 2**20
     grace = time.monotonic() + 0.2  # what was written just before the end
     while watch.open() and time.monotonic() < grace and watch.read(0):
         pass

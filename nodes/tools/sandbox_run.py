@@ -30,8 +30,10 @@ class Limits:
     timeout: float = 10.0
     """Wall-clock seconds; then every process of the run is killed."""
     memory_mb: int = 1024
-    """Resident memory of all the run's processes together (sampled every 20 ms), and each
-    process's address space. Unisolated: per process only."""
+    """All memory of the run's processes together: held by the kernel through a memory cgroup
+    of the run's own where one can be made (memfds, shared memory and tmpfs pages included),
+    else their resident memory sampled every 20 ms; and each process's address space.
+    Unisolated: per process only."""
     max_processes: int = 32
     """Processes and threads alive at once, the sandbox's init included (sandbox only):
     `RLIMIT_NPROC` where the kernel applies it (not to the host's root, which it exempts), a
@@ -93,14 +95,16 @@ def run_isolated(code: str, limits: Limits, bwrap: str) -> Outcome:
                 *_runner_args(limits, processes=limits.max_processes, paths=(PACKAGES,)),
             ]
             # bwrap's own parent, outside the sandbox, is the one task more in the cgroup.
-            with capped(argv, limits.max_processes + 1) as argv:
+            memory = limits.memory_mb * 2**20
+            with capped(argv, limits.max_processes + 1, memory) as cgroups:
                 return run_child(
-                    argv,
+                    cgroups.argv,
                     timeout=limits.timeout,
                     max_output_bytes=limits.max_output_chars,
-                    tree=TreeLimits(limits.memory_mb * 2**20, limits.max_processes),
+                    tree=TreeLimits(memory, limits.max_processes),
                     pass_fds=(info_w, code_fd),
                     info_fd=info_r,
+                    memory=cgroups.memory,
                 )
     finally:
         os.close(info_w)

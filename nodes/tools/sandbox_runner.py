@@ -24,12 +24,15 @@ from types import CodeType, ModuleType, TracebackType
 
 SOURCE = "main.py"
 ONLY_AST = 0x400  # ast.PyCF_ONLY_AST
+OPEN_FILES = 256
+"""Descriptors per process: plenty for a program, and no thousands of memfds or sockets."""
 
 
 def set_limits(memory: int, processes: int, file_size: int, cpu_seconds: int) -> None:
-    """Cap address space, processes (0: no cap), file size and CPU time; hard limits too."""
+    """Cap address space, processes (0: no cap), file size, CPU time and open files; hard too."""
     caps = [
         (resource.RLIMIT_AS, memory),
+        (resource.RLIMIT_NOFILE, OPEN_FILES),
         (resource.RLIMIT_FSIZE, file_size),
         (resource.RLIMIT_CPU, cpu_seconds),
         (resource.RLIMIT_CORE, 0),

@@ -13,8 +13,8 @@ import pytest
 from sandbox_probe import sandboxed
 
 from flowlearn.nodes.tools import sandbox_cgroup
-from flowlearn.nodes.tools.python_sandbox import NO_OUTPUT, run_python
-from flowlearn.nodes.tools.sandbox_cgroup import PREFIX, pids_base
+from flowlearn.nodes.tools.python_sandbox import NO_OUTPUT, python_tool, run_python
+from flowlearn.nodes.tools.sandbox_cgroup import PREFIX, memory_base, pids_base
 
 
 def host_processes_with(marker: str) -> list[int]:
@@ -174,7 +174,7 @@ def test_memory_of_the_whole_tree_is_bounded() -> None:
     )
     start = time.monotonic()
     out = run_python(code, memory_mb=400, timeout=15)
-    held = re.search(r"held (\d+) MB together, over the 400 MB limit", out)
+    held = re.search(r"held (\d+) MB together, (over|reaching) the 400 MB limit", out)
     assert held, out  # 8 x 150 MB were asked for: 1200 MB
     assert int(held.group(1)) < 600 and time.monotonic() - start < 10, out
 
@@ -204,3 +204,83 @@ def test_concurrent_runs_keep_their_own_output() -> None:
     for thread in threads:
         thread.join()
     assert results == {n: f"{n}\n{n}" for n in range(8)}
+
+
+# Pages no address space counts: 8 x 64 MB (512 MB) against a 256 MB limit.
+MEMFD_ATTACK = """import os
+fds = []
+for i in range(8):
+    fd = os.memfd_create(f'hold{i}')
+    for _ in range(64):
+        os.write(fd, b'x' * 2**20)
+    fds.append(fd)
+print('held', len(fds))
+"""
+SYSV_ATTACK = """import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+for i in range(8):
+    segment = libc.shmget(0, 64 * 2**20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    assert segment >= 0, ctypes.get_errno()
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, 64 * 2**20)
+    libc.shmdt(ctypes.c_void_p(address))  # detached: in no address space, still held
+print('held', i + 1)
+"""
+
+
+def resident_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@sandboxed
+@pytest.mark.parametrize("attack", [MEMFD_ATTACK, SYSV_ATTACK], ids=["memfd", "sysv"])
+def test_memory_no_address_space_counts_is_held_to_the_limit(
+    attack: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    base = memory_base()
+    if base is None:  # this host cannot count these pages: the user must be told so
+        sandbox_cgroup.warn_resident_only.cache_clear()
+        notes = python_tool(memory_mb=256).metadata["usage_notes"]  # type: ignore[index]
+        assert "counts only resident memory" in caplog.text
+        assert "256 MB of memory (resident only)" in notes
+        pytest.skip("no memory cgroup can be made on this host; the warning is shown")
+    before, rss = set(base.glob(f"{PREFIX}*")), resident_mb()
+    start = time.monotonic()
+    out = run_python(attack, memory_mb=256, timeout=10)
+    assert out.startswith("Error: memory limit:") and "256 MB limit" in out, out
+    assert "held 8" not in out and time.monotonic() - start < 10, out
+    assert resident_mb() - rss < 64  # the pages were the sandbox's, never this process's
+    assert set(base.glob(f"{PREFIX}*")) == before  # the run's cgroup is gone with it
+
+
+@sandboxed
+def test_without_a_memory_cgroup_the_resident_watch_holds_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sandbox_cgroup, "memory_base", lambda: None)
+    sandbox_cgroup.warn_resident_only.cache_clear()
+    code = (  # 4 x 100 MB in 4 processes: each under RLIMIT_AS, together over the limit
+        "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n"
+        "        block = b'x' * (100 * 2**20)\n        time.sleep(20)\n"
+        "time.sleep(20)"
+    )
+    out = run_python(code, memory_mb=256, timeout=5)
+    assert re.search(r"memory limit: .* over the 256 MB limit", out), out
+    assert "counts only resident memory" in caplog.text
+
+
+@sandboxed
+def test_open_files_are_bounded() -> None:
+    code = (
+        "import os\nfds = []\ntry:\n    for _ in range(10000):\n"
+        "        fds.append(os.open('/dev/null', os.O_RDONLY))\n"
+        "except OSError as exc:\n    print('refused', len(fds), exc.errno)"
+    )
+    refused = re.fullmatch(r"refused (\d+) 24", run_python(code))  # EMFILE
+    assert refused and int(refused.group(1)) < 256, refused
