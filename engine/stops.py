@@ -10,7 +10,7 @@
    repetition rule stops it once the completion ends in an exact token-level cycle, long and
    repeated enough that normal prose never makes one (`RepetitionRule`).
 3. Neither changes a logit: a `StopWatch` only ends the call, so the logprobs of the tokens
-   generated before the stop are those of an unstopped call (the issue-16 guarantee).
+   generated before the stop are those of an unstopped call (what training relies on).
 """
 
 from __future__ import annotations
