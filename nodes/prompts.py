@@ -336,12 +336,14 @@ AGENTFLOW_PROMPTS = Prompts(name="agentflow")
 
 
 PROMPTS_RECORD = "flowlearn_prompts.json"
-"""The file in a trained model folder that names the prompt set it was trained under."""
+"""The file in a trained model folder that names the prompt set it was trained under, and the
+fixed engine it was trained against."""
 
 
-def write_prompts_record(folder: Path, prompts: Prompts) -> None:
-    """Name, in a trained model's `folder`, the prompt set it was trained under."""
-    (folder / PROMPTS_RECORD).write_text(json.dumps({"prompts": prompts.name}) + "\n")
+def write_prompts_record(folder: Path, prompts: Prompts, *, engine: str | None = None) -> None:
+    """Name, in a trained model's `folder`, its prompt set and (if local) its fixed engine."""
+    record = {"prompts": prompts.name, **({"engine": engine} if engine else {})}
+    (folder / PROMPTS_RECORD).write_text(json.dumps(record) + "\n")
 
 
 def recorded_prompts(model: str) -> str | None:
@@ -351,16 +353,31 @@ def recorded_prompts(model: str) -> str | None:
         ValueError: a record that is not one, naming the file.
 
     """
+    return _recorded(model, "prompts", required=True)
+
+
+def recorded_engine(model: str) -> str | None:
+    """Return the fixed engine a local model folder says it was trained against, or None.
+
+    Raises:
+        ValueError: a record that is not one, naming the file.
+
+    """
+    return _recorded(model, "engine", required=False)
+
+
+def _recorded(model: str, key: str, *, required: bool) -> str | None:
     path = Path(model).expanduser() / PROMPTS_RECORD
     if not path.is_file():
         return None
     try:
-        name = json.loads(path.read_text(encoding="utf-8"))["prompts"]
-    except (ValueError, KeyError, TypeError) as exc:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        value = record[key] if required else record.get(key)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path} does not name a prompt set ({exc}); fix or remove it") from None
-    if not isinstance(name, str):
-        raise ValueError(f"{path} does not name a prompt set (got {name!r}); fix or remove it")
-    return name
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{path} does not name a {key} (got {value!r}); fix or remove it")
+    return value
 
 
 def runs_analysis(context: Context, prompts: Prompts) -> bool:

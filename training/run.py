@@ -103,6 +103,8 @@ class TrainingParts:
     scorer: CaseScorer | None = None
     handle: ModelHandle | None = None
     prompts: Prompts = AGENTFLOW_PROMPTS
+    engine_name: str | None = None
+    """The local fixed engine the rollouts used, recorded in `final/` (None: served)."""
     """The planner's handle, shared with the frozen base when it is the engine."""
 
 
@@ -154,7 +156,14 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
         start_run(trainer, config, resuming=config.resume or resume_from is not None)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     final = out / "final"
-    return save_final(trainer, parts.tokenizer, final, merge=parts.lora, prompts=parts.prompts)
+    return save_final(
+        trainer,
+        parts.tokenizer,
+        final,
+        merge=parts.lora,
+        prompts=parts.prompts,
+        engine=parts.engine_name,
+    )
 
 
 def resume_point(config: FlowGRPOConfig) -> Path | None:
@@ -205,14 +214,21 @@ def start_run(trainer: Any, config: FlowGRPOConfig, *, resuming: bool) -> str:
 
 
 def save_final(
-    trainer: Any, tokenizer: Any, folder: Path, *, merge: bool, prompts: Prompts | None = None
+    trainer: Any,
+    tokenizer: Any,
+    folder: Path,
+    *,
+    merge: bool,
+    prompts: Prompts | None = None,
+    engine: str | None = None,
 ) -> Path:
     """Save the trained policy as a plain model folder (LoRA merged into its base), atomically.
 
-    With `prompts`, the folder names the prompt set it was trained under, so `flowlearn run`
-    and `eval` serve it with the same (`nodes.prompts.PROMPTS_RECORD`). Under `accelerate
-    launch` only the main process writes; the others wait for it. A model with a NaN or
-    infinite weight is refused (`TrainingDivergedError`) and nothing is written.
+    With `prompts`, the folder names the prompt set it was trained under and `engine` the local
+    fixed engine, so `flowlearn run` and `eval` serve it with the same
+    (`nodes.prompts.PROMPTS_RECORD`). Under `accelerate launch` only the main process writes;
+    the others wait for it. A model with a NaN or infinite weight is refused
+    (`TrainingDivergedError`) and nothing is written.
     """
     accelerator = trainer.accelerator
     accelerator.wait_for_everyone()
@@ -236,7 +252,7 @@ def save_final(
             model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
             if prompts is not None:
-                write_prompts_record(staging, prompts)
+                write_prompts_record(staging, prompts, engine=engine)
             write_text_atomically(staging / MARKER, json.dumps(marker) + "\n")
 
         save_atomically(folder, save)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from functools import partial
@@ -65,6 +66,8 @@ class Flow:
     engine: HFChatModel
     tool_names: list[str]
     prompts: Prompts = AGENTFLOW_PROMPTS
+    engine_note: str = "the planner's model, untrained"
+    """Why the engine is the one it is (named, recorded by training, or the default)."""
 
     def settings(self) -> str:
         """Return one line naming the settings a run of this flow uses."""
@@ -72,7 +75,8 @@ class Flow:
         analysis = "on" if runs_analysis(context, self.prompts) else "off"
         return (
             f"prompts: {self.prompts.name}  query analysis: {analysis}  "
-            f"temperature: {context.planner_temperature:g}  max turns: {context.max_turns}"
+            f"temperature: {context.planner_temperature:g}  max turns: {context.max_turns}  "
+            f"engine: {self.engine_note}"
         )
 
 
@@ -89,6 +93,8 @@ def build_flow(
 
     """
     context = context or Context()
+    engine_name, why = spec.engine_choice()
+    spec = dataclasses.replace(spec, engine=engine_name)
     check_names(spec, tools=context.tools)
     prompts = spec.prompt_set()
     try:
@@ -98,7 +104,7 @@ def build_flow(
     tools = build_tools(spec, engine, prompts)
     graph = build_agentflow(planner, engine, tools, prompts=prompts, checkpointer=checkpointer)
     names = sorted(context.tools or [tool.name for tool in tools])
-    return Flow(graph, context, planner, engine, names, prompts)
+    return Flow(graph, context, planner, engine, names, prompts, engine_note=why)
 
 
 def load_work(

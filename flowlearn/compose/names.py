@@ -17,6 +17,7 @@ from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.nodes.prompts import (
     AGENTFLOW_PROMPTS,
     Prompts,
+    recorded_engine,
     recorded_prompts,
 )
 from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
@@ -103,6 +104,26 @@ class FlowSpec:
                 f"unknown prompt set {self.prompts!r} (--prompts, ${ENV['prompts']}); "
                 f"choose from {sorted(PROMPT_SETS)}"
             )
+
+    def engine_choice(self) -> tuple[str | None, str]:
+        """Return the fixed engine to load (None: the planner's model, untrained) and why.
+
+        A planner folder that `flowlearn train` wrote names the engine it was trained against,
+        and that engine stays the engine unless `engine` names another.
+
+        Raises:
+            UsageError: a training record that is not one.
+
+        """
+        if self.engine:
+            return self.engine, "as named"
+        try:
+            trained = None if self.planner_url else recorded_engine(self.planner)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        if trained:
+            return trained, f"the one {self.planner} was trained against"
+        return None, "the planner's model, untrained"
 
     def prompt_set(self) -> Prompts:
         """Return the flow's prompts: the named set, else the embedded model's or AgentFlow's.

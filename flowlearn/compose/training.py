@@ -74,6 +74,12 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     handle = ModelHandle(model, tokenizer)  # the live planner and the frozen base share its lock
     parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
     parts.prompts = spec.prompt_set()
+    if config.engine_url is None:  # a local engine is recorded in final/, to be served again
+        parts.engine_name = (
+            spec.planner
+            if config.engine == "base"
+            else (spec.engine or untrained_twin(spec.planner))
+        )
     if data is None:
         return parts
     parts.engine = training_engine(config, spec, handle, device)

@@ -138,6 +138,21 @@ def test_a_trained_planner_keeps_the_prompt_set_it_was_trained_under(tmp_path: P
         FlowSpec(planner=str(tmp_path)).prompt_set()
 
 
+def test_a_trained_planner_keeps_the_engine_it_was_trained_against(tmp_path: Path) -> None:
+    from flowlearn.nodes.prompts import write_prompts_record
+
+    assert FlowSpec(planner=str(tmp_path)).engine_choice() == (
+        None,
+        "the planner's model, untrained",
+    )
+    write_prompts_record(tmp_path, AGENTFLOW_PROMPTS, engine="default-base")
+    trained = FlowSpec(planner=str(tmp_path))
+    assert trained.engine_choice() == ("default-base", f"the one {tmp_path} was trained against")
+    assert trained.prompt_set() is AGENTFLOW_PROMPTS  # the record's prompts win over the engine's
+    named = FlowSpec(planner=str(tmp_path), engine="/models/judge")
+    assert named.engine_choice() == ("/models/judge", "as named")
+
+
 def test_an_unknown_prompt_set_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match=r"unknown prompt set 'smollm'.*agentflow"):
         FlowSpec(prompts="smollm")

@@ -163,7 +163,8 @@ def test_train_checkpoint_resume_and_final_policy_runs(
     assert main(["train", "--config", str(config)]) == 0
     assert (out / "checkpoint-2").is_dir() and (out / "final" / "config.json").exists()
     trained_under = json.loads((out / "final" / "flowlearn_prompts.json").read_text())
-    assert trained_under == {"prompts": "agentflow"}  # a model of one's own: AgentFlow's flow
+    # a model of one's own: AgentFlow's flow; the engine it trained against is kept
+    assert trained_under == {"prompts": "agentflow", "engine": str(tiny_model_dir)}
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     run_id = json.loads((out / "run.json").read_text())["run_id"]
@@ -204,6 +205,7 @@ def test_train_checkpoint_resume_and_final_policy_runs(
     )
     printed = capsys.readouterr().out
     assert "Answer:" in printed and "prompts: agentflow" in printed
+    assert f"engine: the one {out / 'final'} was trained against" in printed
 
 
 @pytest.mark.parametrize(
