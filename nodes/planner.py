@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.tools import BaseTool
-from langgraph.types import RetryPolicy
+from langgraph.types import Overwrite, RetryPolicy
 
 from flowlearn.engine.local import LocalPolicy
 from flowlearn.engine.protocol import Policy, continues_prefill
@@ -94,6 +94,31 @@ def plan_stop(policy: Policy, prefix: str | None = None) -> dict[str, Any]:
         return plan_complete(text, prefix)
 
     return {"stopping": StopWatch(decode=decode, ends=ends, repetition=RepetitionRule())}
+
+
+RUN_FIELDS: dict[str, Any] = {
+    "analysis": "",
+    "plan": None,
+    "final_text": "",
+    "answer": "",
+    "seconds": 0.0,
+    "termination": None,
+}
+"""What one run writes besides memory, transitions and turns, as a fresh run starts it."""
+
+
+def starting_anew(update: dict[str, Any]) -> dict[str, Any]:
+    """Return the first turn's update of a new run on a thread that holds a finished one.
+
+    A thread keeps one run at a time in its state (the checkpointer keeps the earlier runs in
+    its history): the new question's run starts from empty memory and transitions and turn 1,
+    as on a fresh thread, instead of inheriting the last run's work. `Overwrite` replaces the
+    appended lists rather than adding to them.
+    """
+    fresh = {**RUN_FIELDS, **update}
+    fresh["memory"] = Overwrite(update.get("memory", []))
+    fresh["transitions"] = Overwrite(update.get("transitions", []))
+    return fresh
 
 
 def spent_budget(state: State, context: Context, now: float) -> str | None:
@@ -249,6 +274,11 @@ def make_planner(
         return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))
 
     def planner(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+        if state.get("termination") is not None:  # a finished run: this question starts anew
+            return starting_anew(plan_turn({"question": state["question"]}, runtime))
+        return plan_turn(state, runtime)
+
+    def plan_turn(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         context = runtime.context or Context()
         if not str(state.get("question") or "").strip():
             raise ValueError("the question is empty: invoke the graph with a non-empty 'question'")

@@ -216,3 +216,26 @@ def test_each_planner_call_gets_a_fresh_stop_watch() -> None:
         assert update["plan"]["tool"] == "add"
     first, second = policy.watches
     assert first is not second
+
+
+def test_a_new_question_on_a_thread_starts_a_fresh_run_and_history_keeps_the_last(
+    tmp_path: Path,
+) -> None:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    policy = ScriptedPolicy([agentflow_plan("add")])
+    engine = FakeChatModel(text="Goal.\nConclusion: STOP\n<answer>5</answer>")
+    config: Any = {"configurable": {"thread_id": "user-1"}}
+    with SqliteSaver.from_conn_string(str(tmp_path / "threads.sqlite")) as saver:
+        graph = build_agentflow(policy, engine, [add], checkpointer=saver)
+        first = graph.invoke({"question": "What is 2 + 3?"}, config, context=Context())
+        second = graph.invoke({"question": "What is 4 + 1?"}, config, context=Context())
+        history = [s.values for s in graph.get_state_history(config)]
+    assert first["turn"] == 1 and len(first["memory"]) == 2  # an action and its verification
+    assert second["turn"] == 1 and second["termination"] == "verifier_stop"
+    assert [r["kind"] for r in second["memory"]] == ["action", "verification"]
+    nodes = [t["node"] for t in second["transitions"]]
+    assert nodes == ["query_analysis", "planner", "executor", "verifier", "generator"]
+    asked = next(t for t in second["transitions"] if t["node"] == "planner")["messages"][-1]
+    assert "What is 4 + 1?" in asked["content"] and "2 + 3" not in asked["content"]
+    assert any(v.get("question") == "What is 2 + 3?" and v.get("answer") for v in history)
