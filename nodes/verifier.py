@@ -85,7 +85,8 @@ def make_verifier(
         turn = state.get("turn", 0)
         context = runtime.context or Context()
         template = prompts.template("verifier", analysis=runs_analysis(context, prompts))
-        catalogue = render_catalogue(enabled_tools(tools, context.tools)) if tools else ""
+        shows_tools = tools and "{tools}" in template
+        catalogue = render_catalogue(enabled_tools(tools, context.tools)) if shows_tools else ""
         messages = memory_prompt(template, state, system=prompts.system, tools=catalogue)
         reply = ask(messages)
         text, error = reply.text, reply.error

@@ -115,7 +115,7 @@ def _bound(value: float | None) -> str:
     return f"{value:g}" if value is not None else ""
 
 
-POSITIVE, NON_NEGATIVE, AT_LEAST_ONE = Range(0, low_open=True), Range(0), Range(1)
+POSITIVE, NON_NEGATIVE = Range(0, low_open=True), Range(0)
 RENAMED = {
     "group_size": "num_generations",
     "planner_temperature": "temperature",

@@ -166,12 +166,13 @@ def run_settings(
         source = f"benchmark {benchmark}"
     bench = BENCHMARKS.get(benchmark or "")
     prompts = spec.prompt_set()
+    engine = spec.engine_choice()[0]
     return {
         "data": source,
         "limit": limit,
         "scorer": f"judge {judge}" if judge else scorer or (bench.scorer if bench else None),
         "planner": f"{spec.planner} at {spec.planner_url}" if spec.planner_url else spec.planner,
-        "engine": f"{spec.engine} at {spec.engine_url}" if spec.engine_url else spec.engine,
+        "engine": f"{engine} at {spec.engine_url}" if spec.engine_url else engine,
         "engine_max_new_tokens": spec.engine_max_new_tokens,
         "prompts": prompts.name,
         "query_analysis": runs_analysis(context, prompts),

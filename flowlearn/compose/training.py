@@ -5,6 +5,7 @@ Training's modules load torch and TRL, so only the functions that build a job im
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from flowlearn.compose.flows import build_tools, load_work
@@ -20,6 +21,7 @@ from flowlearn.engine import (
     untrained_twin,
 )
 from flowlearn.errors import UsageError
+from flowlearn.nodes.prompts import Prompts
 
 if TYPE_CHECKING:
     from flowlearn.training.config import FlowGRPOConfig
@@ -27,9 +29,13 @@ if TYPE_CHECKING:
 
 
 def training_spec(config: FlowGRPOConfig) -> FlowSpec:
-    """Name the job's planner, engine and tools from the config alone (plus cache folders)."""
+    """Name the job's planner, engine and tools from the config alone (plus cache folders).
+
+    An unset engine is resolved as `flowlearn run` resolves it (`FlowSpec.engine_choice`): a
+    planner that `flowlearn train` wrote trains on against the engine it was trained against.
+    """
     env = FlowSpec.from_env()
-    return FlowSpec(
+    spec = FlowSpec(
         planner=config.planner or "default",
         engine=None if config.engine == "base" else config.engine,
         engine_max_new_tokens=config.engine_max_new_tokens,
@@ -38,6 +44,9 @@ def training_spec(config: FlowGRPOConfig) -> FlowSpec:
         cache_dir=env.cache_dir,
         benchmarks_dir=env.benchmarks_dir,
     )
+    if config.engine == "base" or config.engine_url is not None:
+        return spec
+    return dataclasses.replace(spec, engine=spec.engine_choice()[0])
 
 
 def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
@@ -74,22 +83,31 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     handle = ModelHandle(model, tokenizer)  # the live planner and the frozen base share its lock
     parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
     parts.prompts = spec.prompt_set()
-    if config.engine_url is None:  # a local engine is recorded in final/, to be served again
-        parts.engine_name = (
-            spec.planner
-            if config.engine == "base"
-            else (spec.engine or untrained_twin(spec.planner))
-        )
+    parts.engine_name = engine_source(config, spec)  # recorded in final/, to be served again
     if data is None:
         return parts
-    parts.engine = training_engine(config, spec, handle, device)
+    parts.engine = training_engine(config, spec, handle, device, parts.prompts)
     parts.tools = build_tools(spec, parts.engine, parts.prompts)
     parts.cases, parts.scorer = data
     return parts
 
 
+def engine_source(config: FlowGRPOConfig, spec: FlowSpec) -> str | None:
+    """Name the local model the rollouts' engine is (None: served at `engine_url`).
+
+    `engine: base` is the planner's own weights with the trained adapter off.
+    """
+    if config.engine_url is not None:
+        return None
+    return spec.planner if config.engine == "base" else spec.engine or untrained_twin(spec.planner)
+
+
 def training_engine(
-    config: FlowGRPOConfig, spec: FlowSpec, handle: ModelHandle, device: str | None
+    config: FlowGRPOConfig,
+    spec: FlowSpec,
+    handle: ModelHandle,
+    device: str | None,
+    prompts: Prompts,
 ) -> HFChatModel:
     """Return the rollouts' fixed engine: on `engine_url`, the frozen base, or its own model.
 
@@ -102,19 +120,18 @@ def training_engine(
             config.engine_url,
             config.engine,
             fixed_max_new_tokens=config.engine_max_new_tokens,
-            max_new_tokens=spec.prompt_set().budgets.engine,
+            max_new_tokens=prompts.budgets.engine,
         )
     from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
 
     if config.engine == "base":
         backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
     else:
-        backend = HFPolicy.from_pretrained(
-            spec.engine or untrained_twin(spec.planner), device=device, cache_dir=spec.cache_dir
-        )
+        source = str(engine_source(config, spec))
+        backend = HFPolicy.from_pretrained(source, device=device, cache_dir=spec.cache_dir)
     return HFChatModel(
         # the rollouts' engine calls are concurrent too: decoded together, not one by one
         policy=BatchingPolicy(backend, max_batch_size=ROLLOUT_CONCURRENCY),
-        max_new_tokens=spec.prompt_set().budgets.engine,
+        max_new_tokens=prompts.budgets.engine,
         fixed_max_new_tokens=config.engine_max_new_tokens,
     )

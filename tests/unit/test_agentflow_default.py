@@ -239,3 +239,18 @@ def test_a_new_question_on_a_thread_starts_a_fresh_run_and_history_keeps_the_las
     asked = next(t for t in second["transitions"] if t["node"] == "planner")["messages"][-1]
     assert "What is 4 + 1?" in asked["content"] and "2 + 3" not in asked["content"]
     assert any(v.get("question") == "What is 2 + 3?" and v.get("answer") for v in history)
+
+
+def test_training_a_trained_planner_further_keeps_its_engine(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    from flowlearn.compose import training_spec
+    from flowlearn.compose.training import engine_source
+    from flowlearn.nodes.prompts import write_prompts_record
+    from flowlearn.training.config import FlowGRPOConfig
+
+    write_prompts_record(tmp_path, SMOLLM2_PROMPTS, engine="default-base")
+    config = FlowGRPOConfig(planner=str(tmp_path), benchmark="gameof24")
+    spec = training_spec(config)
+    assert spec.engine == "default-base" and engine_source(config, spec) == "default-base"
+    base = FlowGRPOConfig(planner=str(tmp_path), benchmark="gameof24", engine="base")
+    assert engine_source(base, training_spec(base)) == str(tmp_path)  # its own adapter off
