@@ -12,6 +12,8 @@ Why it looks like this:
    is refused with the difference named, so a report never counts another run's results.
 3. The marker is created with `link(2)` from a finished temporary file: it appears whole, and
    only once when several processes of one job (`accelerate launch`) claim the folder at once.
+   Another process's temporary marker (`.flowlearn-run.json.*.tmp`) does not make the folder
+   "not empty": two ranks of one job once refused each other's folder in that window.
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ def claim_folder(
     marker_path = folder / MARKER
     marker = read_marker(marker_path)
     if marker is None:
-        entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        entries = sorted(
+            p.name for p in (folder.iterdir() if folder.is_dir() else ()) if not _pending(p.name)
+        )
         if entries and not any(name in adopt for name in entries):
             shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
             raise UsageError(
@@ -199,6 +203,11 @@ def _check_marker(
         marker = {**marker, "settings": {**before, **now}}
         write_text_atomically(marker_path, json.dumps(marker, indent=1) + "\n")
     return marker
+
+
+def _pending(name: str) -> bool:
+    """Say whether `name` is a marker another process is writing (see `_create_marker`)."""
+    return name.startswith(f".{MARKER}.") and name.endswith(".tmp")
 
 
 def _create_marker(path: Path, command: str, settings: Mapping[str, Any] | None) -> dict[str, Any]:

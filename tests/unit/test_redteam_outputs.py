@@ -106,6 +106,55 @@ def test_a_run_folder_is_marked_and_reused_by_its_own_command_only(tmp_path: Pat
         claim_folder(out, "train", flag="output_dir")
 
 
+def _claim_at_once(folder: str, start: Any, results: Any) -> None:
+    start.wait()
+    try:
+        marker = claim_folder(Path(folder), "train", create=False)
+        marker = claim_folder(Path(folder), "train", flag="output_dir")
+        results.put(marker["run_id"])
+    except UsageError as exc:
+        results.put(f"refused: {exc}")
+
+
+def test_processes_of_one_job_claiming_a_folder_at_once_all_get_one_marker(
+    tmp_path: Path,
+) -> None:
+    """Ranks of one `accelerate launch` job check and claim the same folder at the same time."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(4):
+        folder = tmp_path / f"out{attempt}"
+        start, results = context.Barrier(6), context.Queue()
+        workers = [
+            context.Process(target=_claim_at_once, args=(str(folder), start, results))
+            for _ in range(6)
+        ]
+        for worker in workers:
+            worker.start()
+        ids = {results.get(timeout=60) for _ in workers}
+        for worker in workers:
+            worker.join(timeout=60)
+        assert len(ids) == 1 and not next(iter(ids)).startswith("refused"), ids
+        assert sorted(p.name for p in folder.iterdir()) == [MARKER]
+
+
+def test_another_process_marker_in_the_writing_does_not_make_a_folder_foreign(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f".{MARKER}.k3j2.tmp").write_text('{"command": "train"}')  # a rank mid-write
+    assert claim_folder(out, "train", flag="output_dir", create=False) is None
+    assert claim_folder(out, "train", flag="output_dir")["command"] == "train"
+    (out / "notes.txt").write_text("mine")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not empty"):
+        claim_folder(other, "train", flag="output_dir")
+
+
 def test_a_fresh_training_run_refuses_an_earlier_runs_checkpoints_and_final(
     tmp_path: Path,
 ) -> None:
