@@ -46,7 +46,6 @@ from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS
 from flowlearn.nodes.tools import python_tool
-from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
 from flowlearn.training.trainer import FlowGRPOTrainer, read_metrics
 
 PROMPTS = AGENTFLOW_PROMPTS
@@ -212,8 +211,8 @@ def main() -> None:
     parser.add_argument(
         "--rollout-concurrency",
         type=int,
-        default=ROLLOUT_CONCURRENCY,
-        help=f"flow: rollouts in flight, the planner's batch capacity ({ROLLOUT_CONCURRENCY})",
+        help="flow: rollouts in flight, the planner's batch capacity (default: the trainer's, "
+        "the step's rollouts, questions x G)",
     )
     parser.add_argument("--flows", type=int, default=8, help="rollout bench: flows (8)")
     parser.add_argument(

@@ -365,8 +365,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--concurrency",
         type=int,
-        help="flow: rollouts in flight and batch capacity (default Q x G, TRL's batch; the "
-        "trainer's default rollout_concurrency is 16)",
+        help="flow: rollouts in flight and batch capacity (default Q x G, TRL's batch, as the "
+        "trainer's default rollout_concurrency)",
     )
     parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait (0.05 s)")
     parser.add_argument("--no-update", action="store_true", help="skip the update's timing")

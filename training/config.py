@@ -68,6 +68,13 @@ class FlowGRPOConfig(GRPOConfig):
     # The flow
     questions_per_step: int = _help("Q, questions per update (paper: 32 on 8 GPUs).", 4)
     max_turns: int = _help("Planner turns per rollout (paper: 3 in training).", 3)
+    rollout_concurrency: int | None = _help(
+        "Rollouts in flight at once per process; their planner and engine calls decode "
+        "together in batches of up to as many. Default: the step's rollouts, "
+        "questions_per_step x num_generations (TRL's generation batch); lower it to cap the "
+        "KV cache's memory.",
+        None,
+    )
     tools: list[str] | None = field(
         default=None, metadata={"help": "Tool names to enable; default: all default tools."}
     )

@@ -151,6 +151,7 @@ COUNTS = [
     "steps_per_generation",
     "generation_batch_size",
     "num_iterations",
+    "rollout_concurrency",
 ]
 MOST = {
     "num_generations": 1024,
@@ -167,6 +168,7 @@ MOST = {
     "steps_per_generation": 65_536,
     "generation_batch_size": 1_000_000,
     "num_iterations": 1000,
+    "rollout_concurrency": 100_000,
 }
 """The upper bound of each count that runs or allocates: past it a run is a typo or an attack
 (`max_steps: 1e26` ran until killed)."""

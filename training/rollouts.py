@@ -41,8 +41,15 @@ from flowlearn.training.trajectories import (
 RewardTerm = Callable[[Trajectory], float]
 REWARD_ERROR_POLICIES = ("zero", "drop")
 
-ROLLOUT_CONCURRENCY = 16
-"""Rollouts in flight at once by default; the engine's calls are batched up to as many."""
+
+def step_concurrency(concurrency: int | None, questions: int, group_size: int) -> int:
+    """Return the rollouts in flight at once: `concurrency`, or by default the step's own.
+
+    The default is every rollout of the step (questions x G, TRL's generation batch), so
+    their planner calls decode in one batch as TRL's `generate` does. A fixed 16 once kept a
+    GPU step of 32 rollouts at 0.17 of TRL's tokens per second (`bench/gpu_train.py`).
+    """
+    return concurrency if concurrency is not None else max(questions * group_size, 1)
 
 
 def format_penalty(weight: float = 0.1) -> RewardTerm:
@@ -246,8 +253,9 @@ class Rollouts:
     """Named reward terms added to the outcome (e.g. `format_penalty()`)."""
     store: TrajectoryStore | None = None
     """Where every rollout is also appended; under `accelerate launch`, one file per rank."""
-    concurrency: int = ROLLOUT_CONCURRENCY
-    """Rollouts in flight at once; their planner calls are decoded together in batches."""
+    concurrency: int | None = None
+    """Rollouts in flight at once; their planner calls are decoded together in batches.
+    None: every rollout of the step (questions x G), as TRL generates its batch."""
     reward_errors: str = "zero"
     """A rollout whose scorer failed trains with reward 0 (`zero`) or is left out (`drop`)."""
     run_id: str | None = field(default_factory=new_run_id)
@@ -255,7 +263,7 @@ class Rollouts:
     (`training.run.train` sets the one persisted in output_dir, kept on resume)."""
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
+        if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"rollout_concurrency must be >= 1, got {self.concurrency}")
         if self.reward_errors not in REWARD_ERROR_POLICIES:
             raise ValueError(
@@ -282,8 +290,9 @@ class Rollouts:
         `metadata[DROPPED]`, so the batch leaves it out and counts it in the metrics.
         """
         live: Policy = policy
-        if self.concurrency > 1 and isinstance(policy, HFPolicy):  # a server batches its own
-            live = BatchingPolicy(policy, max_batch_size=self.concurrency)
+        concurrency = step_concurrency(self.concurrency, len(cases), group_size)
+        if concurrency > 1 and isinstance(policy, HFPolicy):  # a server batches its own
+            live = BatchingPolicy(policy, max_batch_size=concurrency)
         trajectories = collect(
             self.graph_factory(live),
             cases,
@@ -291,7 +300,7 @@ class Rollouts:
             group_size=group_size,
             store=rank_store(self.store, rank),
             context=context,
-            concurrency=self.concurrency,
+            concurrency=concurrency,
             progress=False,
             extra_rewards=self.extra_rewards,
             id_prefix=f"step{step}:",

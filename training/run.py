@@ -144,6 +144,7 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
             prompts=parts.prompts,
             rollout_store=TrajectoryStore(out / ROLLOUTS_FILE),
             reward_errors=config.reward_errors,
+            rollout_concurrency=config.rollout_concurrency,
             handle=parts.handle,
             server=ServerGeneration.at(config.planner_url, config.adapter_dir or out / "adapters")
             if config.planner_url

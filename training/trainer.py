@@ -60,7 +60,6 @@ from flowlearn.training.model import (
     warn_on_dropout,
 )
 from flowlearn.training.rollouts import (
-    ROLLOUT_CONCURRENCY,
     Replay,
     RewardTerm,
     Rollouts,
@@ -195,7 +194,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         graph_factory: Callable[[Policy], Any] | None = None,
         extra_rewards: Mapping[str, RewardTerm] | None = None,
         rollout_store: TrajectoryStore | None = None,
-        rollout_concurrency: int = ROLLOUT_CONCURRENCY,
+        rollout_concurrency: int | None = None,
         reward_errors: str = "zero",
         handle: ModelHandle | None = None,
         server: ServerGeneration | None = None,
@@ -218,6 +217,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             rollout_store: where every rollout is also appended, for inspection or reuse.
             rollout_concurrency: rollouts in flight at once; their planner calls are decoded
                 together in batches of up to this size (`BatchingPolicy`); 1 runs them in turn.
+                None (default): every rollout of the step, questions x G, as TRL generates.
             reward_errors: a rollout whose scorer failed trains with reward 0 (`zero`) or is
                 left out (`drop`); it is stored and marked either way.
             handle: the `ModelHandle` of `model` that other policies (e.g. the frozen base as

@@ -122,7 +122,7 @@ def training_engine(
             fixed_max_new_tokens=config.engine_max_new_tokens,
             max_new_tokens=prompts.budgets.engine,
         )
-    from flowlearn.training.rollouts import ROLLOUT_CONCURRENCY
+    from flowlearn.training.rollouts import step_concurrency
 
     if config.engine == "base":
         backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
@@ -131,7 +131,14 @@ def training_engine(
         backend = HFPolicy.from_pretrained(source, device=device, cache_dir=spec.cache_dir)
     return HFChatModel(
         # the rollouts' engine calls are concurrent too: decoded together, not one by one
-        policy=BatchingPolicy(backend, max_batch_size=ROLLOUT_CONCURRENCY),
+        policy=BatchingPolicy(
+            backend,
+            max_batch_size=step_concurrency(
+                config.rollout_concurrency,
+                config.questions_per_step,
+                int(config.num_generations or 1),
+            ),
+        ),
         max_new_tokens=prompts.budgets.engine,
         fixed_max_new_tokens=config.engine_max_new_tokens,
     )
