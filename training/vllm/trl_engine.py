@@ -382,8 +382,9 @@ class VLLMRollouts:
 
     engine: VLLMEngine
     """TRL's `VLLMGeneration` (colocate), a `PerRankServer` (server), or a stand-in."""
-    concurrency: int = 16
-    """Rollouts in flight at once: the most planner calls one generate takes."""
+    concurrency: int | None = None
+    """Rollouts in flight at once: the most planner calls one generate takes. None: the
+    step's rollouts on this process (per_device_train_batch_size x steps_per_generation)."""
     context_window: int | None = None
     """The most tokens prompt plus completion may take in the engine."""
     synced_step: int = -1
@@ -402,7 +403,8 @@ class VLLMRollouts:
             self.engine,
             trainer.processing_class,
             version,
-            max_batch_size=self.concurrency,
+            max_batch_size=self.concurrency
+            or trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation,
             logprobs_mode=getattr(self.engine, "logprobs_mode", "processed"),
             context_window=self.context_window,
         )
