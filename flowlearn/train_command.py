@@ -32,6 +32,7 @@ def train_command(args: argparse.Namespace) -> int:
 
     try:
         config = parse_config(args.options)
+        config.check_questions_named()
         resume_from = resume_point(config)  # checked before any model is loaded
         resuming = config.resume or resume_from is not None
         check_run(config, resuming=resuming)  # stored rollouts

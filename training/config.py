@@ -188,13 +188,23 @@ class FlowGRPOConfig(GRPOConfig):
             raise ValueError(
                 "trajectories (offline) and benchmark/data (online) exclude each other; give one"
             )
-        if not self.trajectories and bool(self.benchmark) == bool(self.data):
-            raise ValueError("give exactly one of benchmark or data (or trajectories)")
+        if self.benchmark and self.data:
+            raise ValueError("give one of benchmark or data (or trajectories), not both")
         if self.engine == "base" and self.lora is False:
             raise ValueError("engine 'base' is the frozen base under LoRA; it needs lora on")
         for name in ("num_generations", "questions_per_step", "max_turns", "max_steps"):
             if (getattr(self, name) or 0) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def check_questions_named(self) -> None:
+        """Refuse a config that names no questions, where nothing else gives them (the CLI).
+
+        In Python, `FlowGRPOTrainer(..., train_dataset=...)` gives them instead.
+        """
+        if not (self.trajectories or self.benchmark or self.data):
+            raise ValueError(
+                "give one of benchmark or data (or trajectories): the questions to train on"
+            )
 
     def _check_supported(self) -> None:
         if self.loss_type != "dapo":

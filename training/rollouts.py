@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
@@ -39,6 +39,22 @@ from flowlearn.training.trajectories import (
 )
 
 RewardTerm = Callable[[Trajectory], float]
+
+
+@runtime_checkable
+class RolloutScorer(Protocol):
+    """An outcome reward that reads the whole rollout, not only its answer.
+
+    `flowlearn.training.rewards.RewardFunctions` (TRL's reward functions) is one.
+    """
+
+    def score_rollout(self, trajectory: Trajectory, case: Case) -> tuple[float, str]:
+        """Return the outcome reward (any finite number) and why; raise to mark an error."""
+        ...
+
+
+Outcome = CaseScorer | RolloutScorer
+"""What rewards a rollout: `(answer, case) -> Score`, or a `RolloutScorer`."""
 REWARD_ERROR_POLICIES = ("zero", "drop")
 
 
@@ -80,7 +96,7 @@ def rollout_id(case: Case, index: int, prefix: str = "", run_id: str | None = No
 def collect(
     graph_factory: Any,
     cases: Sequence[Case],
-    scorer: CaseScorer,
+    scorer: Outcome,
     *,
     group_size: int,
     store: TrajectoryStore | None = None,
@@ -168,7 +184,7 @@ def run_rollout(
     graph: Any,
     case: Case,
     k: int,
-    scorer: CaseScorer,
+    scorer: Outcome,
     context: Any = None,
     extra_rewards: Mapping[str, RewardTerm] | None = None,
     id_prefix: str = "",
@@ -196,13 +212,16 @@ def run_rollout(
 def reward(
     trajectory: Trajectory,
     case: Case,
-    scorer: CaseScorer,
+    scorer: Outcome,
     extra: Mapping[str, RewardTerm],
 ) -> None:
     """Score the trajectory's answer into `reward`, and each extra term into `reward_terms`."""
     try:
-        score = scorer(trajectory.answer, case)
-        trajectory.reward, trajectory.reward_reason = score.value, score.reason
+        if isinstance(scorer, RolloutScorer):
+            trajectory.reward, trajectory.reward_reason = scorer.score_rollout(trajectory, case)
+        else:
+            score = scorer(trajectory.answer, case)
+            trajectory.reward, trajectory.reward_reason = score.value, score.reason
     except Exception as exc:  # a failing judge marks the trajectory; it never stops collection
         trajectory.reward, trajectory.reward_error = 0.0, error_text(exc)
     for name, term in extra.items():
@@ -213,7 +232,7 @@ def reward(
             trajectory.reward_error = f"{name}: {error_text(exc)}"
 
 
-def unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+def unused_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
     """Satisfy GRPOTrainer's constructor; Flow-GRPO rewards come from the flow's scorer."""
     raise RuntimeError("FlowGRPOTrainer computes rewards from rollouts; this is never called")
 
@@ -245,7 +264,7 @@ class Rollouts:
 
     graph_factory: Callable[[Policy], Any]
     """From the live policy to a compiled graph whose policy calls append `transitions`."""
-    scorer: CaseScorer
+    scorer: Outcome
     """`(answer, case) -> Score`, the outcome reward."""
     cases: Sequence[Case]
     """The training questions."""

@@ -44,12 +44,12 @@ from flowlearn.engine.protocol import Policy
 from flowlearn.engine.tokens import ModelHandle
 from flowlearn.errors import TrainingDivergedError
 from flowlearn.evals.cases import Case
-from flowlearn.evals.scorers import CaseScorer
 from flowlearn.files import JsonlFile, write_atomically
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.batches import Batching, chunked_loss, next_piece, step_tensors
-from flowlearn.training.config import check_settings, context_from
+from flowlearn.training.config import FlowGRPOConfig, check_settings, context_from
+from flowlearn.training.from_trl import TRLParts, trl_parts
 from flowlearn.training.model import (
     frozen_reference,
     install_reference,
@@ -59,7 +59,9 @@ from flowlearn.training.model import (
     upcast_trainable,
     warn_on_dropout,
 )
+from flowlearn.training.rewards import RewardFunc
 from flowlearn.training.rollouts import (
+    Outcome,
     Replay,
     RewardTerm,
     Rollouts,
@@ -109,31 +111,60 @@ class FlowGRPOTrainer(GRPOTrainer):
     def __init__(
         self,
         model: Any,
+        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str] | None = None,
+        args: GRPOConfig | None = None,
+        train_dataset: Any = None,
         *,
-        args: GRPOConfig,
-        source: Rollouts | Replay,
+        source: Rollouts | Replay | None = None,
+        engine: BaseChatModel | None = None,
+        tools: Sequence[BaseTool] | None = None,
+        prompts: Prompts | None = None,
+        graph_factory: Callable[[Policy], Any] | None = None,
         context: Context | None = None,
         nodes: Sequence[str] | None = None,
-        mode: Mode = "paper",
-        drop_zero_variance: bool = False,
+        mode: Mode | None = None,
+        drop_zero_variance: bool | None = None,
         step_credit: StepCredit | None = None,
         recompute_old_logprobs: bool | None = None,
         vllm: VLLMFactory | None = None,
         **kwargs: Any,
     ) -> None:
-        """Set up training from `source`; `online` and `offline` build it.
+        """Set up training, in TRL's shape or from a `source` (`online`, `offline`).
+
+        In TRL's shape, `FlowGRPOTrainer(model="Qwen/...", reward_funcs=[...],
+        args=FlowGRPOConfig(...), train_dataset=dataset)` trains the planner of the default
+        AgentFlow graph on the dataset's questions, G rollouts each, rewarded by the reward
+        functions on each rollout's final answer (`flowlearn.training.rewards`); the engine,
+        tools and prompt set come from `args` as `flowlearn train` makes them
+        (`flowlearn.training.from_trl`) unless given.
 
         Args:
-            model: the policy to train (a transformers model, or a PeftModel for LoRA).
-            args: TRL's config (a `FlowGRPOConfig` or any `GRPOConfig`): `num_generations` is
-                G, `scale_rewards` the advantage scaling, `temperature` the planner's.
-            source: where each step's trajectories come from (`Rollouts` or `Replay`).
-            context: the graph's run context (budget, planner sampling); default: 3 turns,
-                sampling with TRL's `temperature`, `top_p` and `max_completion_length`.
+            model: the policy to train: a transformers model, a PeftModel for LoRA, or (in
+                TRL's shape) a hub id, folder, .gguf file or `default`/`default-base`.
+            reward_funcs: TRL's reward functions `(completions, **kwargs) -> list[float]`, or
+                a scorer's name (`exact_match`, ...); with `train_dataset`, not `source`.
+            args: TRL's config (a `FlowGRPOConfig`; any `GRPOConfig` with a `source`):
+                `num_generations` is G, `scale_rewards` the advantage scaling, `temperature`
+                the planner's. Default: `FlowGRPOConfig()`.
+            train_dataset: the questions: a `datasets.Dataset` (or rows of mappings) with a
+                question column (`question`, `query` or `prompt`) and an answer column
+                (`answer`, `reference`, `solution` or `ground_truth`).
+            source: where each step's trajectories come from (`Rollouts` or `Replay`),
+                instead of `reward_funcs` and `train_dataset`.
+            engine: TRL's shape: the fixed chat model (default from `args.engine`).
+            tools: TRL's shape: the graph's tools (default: the default tools over engine).
+            prompts: TRL's shape: the prompt set (default from `args.prompts` and the model).
+            graph_factory: TRL's shape: any graph, from the live policy (instead of engine
+                and tools; see `online`).
+            context: the graph's run context (budget, planner sampling); default:
+                `args.context()` (a `FlowGRPOConfig`), else 3 turns sampling with TRL's
+                `temperature`, `top_p` and `max_completion_length`.
             nodes: which nodes' transitions become rows; None: every transition that carries
                 token ids, i.e. every call of the policy being trained.
-            mode: the Flow-GRPO weighting mode (`build_flow_grpo_rows`).
-            drop_zero_variance: drop groups whose rewards are all equal.
+            mode: the Flow-GRPO weighting mode (`build_flow_grpo_rows`); default: `args.mode`
+                (a `FlowGRPOConfig`), else "paper".
+            drop_zero_variance: drop groups whose rewards are all equal; default:
+                `args.drop_zero_variance` (a `FlowGRPOConfig`), else off.
             step_credit: optional GiGPO-style step credit.
             recompute_old_logprobs: take the old logprobs from a no-grad training forward
                 instead of the logged ones (verl's way); None: `args.recompute_old_logprobs`
@@ -142,16 +173,74 @@ class FlowGRPOTrainer(GRPOTrainer):
             **kwargs: passed to `GRPOTrainer` (e.g. `processing_class`, `callbacks`).
 
         Raises:
-            ValueError: settings that disagree, or fewer questions than one step takes.
+            ValueError: settings that disagree, both shapes at once, or fewer questions than
+                one step takes.
 
         """
+        flow_config = args if isinstance(args, FlowGRPOConfig) else None
+        handle: ModelHandle | None = None
+        if source is None:
+            args = args if args is not None else FlowGRPOConfig()
+            if isinstance(args, FlowGRPOConfig) and (args.benchmark or args.data):
+                raise ValueError(
+                    "args names a benchmark or data file and train_dataset is given; the "
+                    "questions come from one of them: drop benchmark/data from args"
+                )
+            parts = trl_parts(
+                model,
+                reward_funcs,
+                cast(FlowGRPOConfig, args),
+                train_dataset,
+                processing_class=kwargs.pop("processing_class", None),
+                engine=engine,
+                tools=tools,
+                prompts=prompts,
+                graph_factory=graph_factory,
+            )
+            flow_config = cast(FlowGRPOConfig, args)
+            model, source, handle = parts.model, parts.source, parts.handle
+            kwargs["processing_class"] = parts.tokenizer
+            self.flow_parts: TRLParts | None = parts
+        else:
+            given = [
+                n
+                for n, v in (
+                    ("reward_funcs", reward_funcs),
+                    ("train_dataset", train_dataset),
+                    ("engine", engine),
+                    ("tools", tools),
+                    ("prompts", prompts),
+                    ("graph_factory", graph_factory),
+                )
+                if v is not None
+            ]
+            if given or args is None:
+                raise ValueError(
+                    f"a source takes args and no {', '.join(given) or 'other parts'}: its "
+                    "graph and rewards are built already; give reward_funcs and "
+                    "train_dataset without a source for TRL's shape"
+                    if given
+                    else "args is required with a source"
+                )
+            self.flow_parts = None
+        if flow_config is not None:
+            context = context or flow_config.context()
+            mode = mode or flow_config.mode
+            if drop_zero_variance is None:
+                drop_zero_variance = flow_config.drop_zero_variance
+            if step_credit is None and flow_config.step_credit_weight:
+                step_credit = StepCredit(
+                    flow_config.step_credit_weight, flow_config.step_credit_gamma
+                )
+        mode, drop_zero_variance = mode or "paper", bool(drop_zero_variance)
+        assert args is not None  # given with a source, a FlowGRPOConfig() without
         self.flow_context = context or context_from(args)
         questions = source.questions()
         check_settings(args, self.flow_context, len(questions), offline=isinstance(source, Replay))
         self.source = source
         self.nodes = nodes
-        self.model_handle: ModelHandle | None = None
-        """The handle every policy over the trained model shares (set by `online`)."""
+        self.model_handle: ModelHandle | None = handle
+        """The handle every policy over the trained model shares (TRL's shape, `online`)."""
         self.server: ServerGeneration | None = None
         """Set by `online`: the planner samples on a vLLM server, the adapter pushed to it."""
         check_mode(mode)
@@ -160,14 +249,16 @@ class FlowGRPOTrainer(GRPOTrainer):
         if recompute is None:  # a FlowGRPOConfig's field; off for a plain GRPOConfig
             recompute = bool(getattr(args, "recompute_old_logprobs", False))
         self.recompute_old_logprobs = recompute
-        reward_funcs: Any = [unused_reward]
         reference = frozen_reference(model, args.beta)  # before TRL patches it; as loaded
         upcast_trainable(model)  # fp32 master weights; bf16=True autocasts the compute
         warn_on_dropout(model, args.disable_dropout)
         with reference_kept_from_trl(args, reference), vllm_kept_from_trl(args):  # ours instead
             super().__init__(
                 model=model,
-                reward_funcs=reward_funcs,
+                # never called (rewards come from the source); TRL checks reward_weights on them
+                reward_funcs=list(self.flow_parts.outcome.funcs)
+                if self.flow_parts is not None
+                else [unused_reward],
                 args=args,
                 train_dataset=cases_dataset(questions),
                 **kwargs,
@@ -187,7 +278,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         *,
         args: GRPOConfig,
         cases: Sequence[Case],
-        scorer: CaseScorer,
+        scorer: Outcome,
         engine: BaseChatModel | None = None,
         tools: Sequence[BaseTool] = (),
         prompts: Prompts = AGENTFLOW_PROMPTS,

@@ -37,7 +37,8 @@ class Trajectory:
     answer: str
     final_text: str
     reward: float
-    """The case's scorer applied to `answer`, in [0, 1]."""
+    """The outcome: the case's scorer applied to `answer` (in [0, 1]), or TRL-style reward
+    functions' weighted sum (`flowlearn.training.rewards`); any finite number."""
     reward_terms: dict[str, float] = field(default_factory=dict)
     """Extra reward terms (e.g. a format penalty), kept apart; `total_reward` adds them."""
     reward_reason: str = ""

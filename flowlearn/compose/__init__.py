@@ -22,7 +22,6 @@ from flowlearn.compose.models import (
 from flowlearn.compose.names import (
     ENV,
     MODEL_FILES,
-    PROMPT_SETS,
     STUDIO_PYTHON_ENV,
     FlowSpec,
     check_model_name,
@@ -30,6 +29,7 @@ from flowlearn.compose.names import (
 )
 from flowlearn.compose.training import build_training_parts, training_engine, training_spec
 from flowlearn.errors import UsageError
+from flowlearn.nodes.presets import PROMPT_SETS
 
 __all__ = [
     "ENV",

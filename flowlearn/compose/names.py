@@ -8,19 +8,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flowlearn.engine import (
-    BASE_SOURCE,
-    DEFAULT_SOURCES,
-)
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS
+from flowlearn.nodes.presets import PROMPT_SETS, prompts_for
 from flowlearn.nodes.prompts import (
-    AGENTFLOW_PROMPTS,
     Prompts,
     recorded_engine,
-    recorded_prompts,
 )
-from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import BASE_TOOLS, WEB_TOOLS, Isolation
 from flowlearn.nodes.tools.local_search import load_index
 from flowlearn.nodes.tools.python_sandbox import ISOLATIONS
@@ -48,9 +42,6 @@ STUDIO_HOSTS_ENV = "FLOWLEARN_STUDIO_HOSTS"
 STUDIO_PYTHON_ENV = "FLOWLEARN_STUDIO_PYTHON"
 """Set to 1 to bind the `python` tool in the Studio graph (`FlowSpec.for_studio`); off if unset."""
 _TRUE = {"1", "true", "yes"}
-
-PROMPT_SETS: dict[str, Prompts] = {"agentflow": AGENTFLOW_PROMPTS, "smollm2": SMOLLM2_PROMPTS}
-"""The prompt sets a flow can be built with, by name: AgentFlow's, and the embedded model's."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,22 +126,12 @@ class FlowSpec:
         """
         if self.prompts is not None:
             return PROMPT_SETS[self.prompts]
+        planner = None if self.planner_url else self.planner
+        engine = None if self.engine_url else (self.engine or self.planner)
         try:  # a planner trained here keeps the prompts it was trained under
-            trained = None if self.planner_url else recorded_prompts(self.planner)
+            return prompts_for(planner, engine)
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
-        if trained is not None:
-            if trained not in PROMPT_SETS:
-                raise UsageError(
-                    f"{self.planner} was trained under the prompt set {trained!r}, which is not "
-                    f"one of {sorted(PROMPT_SETS)}; name one with --prompts"
-                )
-            return PROMPT_SETS[trained]
-        embedded = {*DEFAULT_SOURCES, BASE_SOURCE}
-        planner = None if self.planner_url else self.planner.lower()
-        engine = (self.engine or ("" if self.engine_url else self.planner)).lower()
-        uses_embedded = planner in embedded or (not self.engine_url and engine in embedded)
-        return SMOLLM2_PROMPTS if uses_embedded else AGENTFLOW_PROMPTS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> FlowSpec:

@@ -59,6 +59,10 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     from flowlearn.training.run import TrainingParts
     from flowlearn.training.vllm.settings import require_vllm
 
+    try:
+        config.check_questions_named()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     spec = training_spec(config)
     check_names(spec, tools=config.tools, benchmark=config.benchmark, data=config.data)
     try:

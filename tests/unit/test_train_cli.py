@@ -19,8 +19,11 @@ def test_config_rejects_unknown_and_contradictory_keys(tmp_path: Path) -> None:
         parse_config(["--config", str(tmp_path / "typo.yaml")])
     with pytest.raises(ValueError, match="exclude each other"):
         FlowGRPOConfig(benchmark="gameof24", trajectories="t.jsonl")
-    with pytest.raises(ValueError, match="exactly one of benchmark or data"):
-        FlowGRPOConfig()
+    with pytest.raises(ValueError, match=r"one of benchmark or data \(or trajectories\), not both"):
+        FlowGRPOConfig(benchmark="gameof24", data="cases.jsonl")
+    with pytest.raises(ValueError, match=r"give one of benchmark or data \(or trajectories\): the"):
+        FlowGRPOConfig().check_questions_named()  # Python's train_dataset is the other way
+    assert main(["train", "--max-steps", "1"]) == 2  # the CLI has no other way: a usage error
     with pytest.raises(ValueError, match="needs lora on"):
         FlowGRPOConfig(benchmark="gameof24", engine="base", lora=False)
     with pytest.raises(ValueError, match="group_size is now num_generations"):

@@ -1,0 +1,174 @@
+"""FlowGRPOTrainer in TRL's shape: a model path, reward functions and a datasets.Dataset."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+
+import datasets
+
+from flowlearn.evals.cases import Case
+from flowlearn.evals.scorers import SCORERS
+from flowlearn.training.config import FlowGRPOConfig
+from flowlearn.training.rewards import RewardFunctions, dataset_cases, reward_function
+from flowlearn.training.trainer import FlowGRPOTrainer, read_metrics
+from flowlearn.training.trajectories import Trajectory
+
+
+def flow_config(out: Path, **overrides: Any) -> FlowGRPOConfig:
+    values: dict[str, Any] = dict(
+        output_dir=str(out),
+        report_to="none",
+        max_steps=1,
+        questions_per_step=2,
+        num_generations=2,
+        max_turns=1,
+        max_completion_length=8,
+        engine_max_new_tokens=8,
+        learning_rate=1e-3,
+        save_strategy="no",
+        bf16=False,
+        seed=3,
+    )
+    return FlowGRPOConfig(**{**values, **overrides})
+
+
+def test_one_step_from_a_model_path_reward_funcs_and_a_dataset(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def answer_length(completions: list[str], **kwargs: Any) -> list[float]:
+        seen.append(kwargs)
+        return [len(c) % 3 / 2 for c in completions]  # varies, so the groups train
+
+    dataset = datasets.Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+                "solution": str(2 * i),
+                "level": i,
+            }
+            for i in range(4)
+        ]
+    )
+    trainer = FlowGRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=[answer_length, "exact_match"],
+        args=flow_config(tmp_path / "out", reward_weights=[1.0, 2.0]),
+        train_dataset=dataset,
+    )
+    assert trainer.flow_parts is not None and trainer.flow_parts.prompts.name == "agentflow"
+    assert trainer.flow_parts.engine_name == str(tiny_model_dir)  # a frozen copy of the base
+    trainer.train()
+    assert trainer.state.global_step == 1
+    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1] and math.isfinite(records[0]["loss"])
+    assert len(seen) == 4  # 2 questions x G=2, one call per rollout
+    call = seen[0]
+    assert isinstance(call["trajectories"][0], Trajectory)
+    assert call["reference"][0] in {"0", "2", "4", "6"} and call["level"][0] in range(4)
+    assert call["prompts"][0].startswith("What is ")
+
+
+def test_reward_functions_sum_by_weight_and_skip_none() -> None:
+    case = Case("q", "Capital?", "Paris", {"level": 2})
+    trajectory = Trajectory("t", "q", "Capital?", "Paris", "paris", "<answer>paris</answer>", 0.0)
+
+    def by_level(completions: list[str], level: list[int], **kwargs: Any) -> list[float]:
+        return [float(level[0])]
+
+    def not_mine(completions: list[str], **kwargs: Any) -> list[float | None]:
+        return [None]
+
+    score = RewardFunctions.of([by_level, "exact_match", not_mine], [0.5, 3.0, 1.0])
+    assert score.score_rollout(trajectory, case) == (
+        0.5 * 2 + 3.0 * 1.0,
+        "by_level=2, exact_match_reward=1",
+    )
+    with pytest.raises(ValueError, match="every reward function returned None"):
+        RewardFunctions.of(not_mine, None).score_rollout(trajectory, case)
+    with pytest.raises(ValueError, match="non-finite reward"):
+        RewardFunctions.of(lambda completions, **kw: [math.nan], None).score_rollout(
+            trajectory, case
+        )
+    with pytest.raises(ValueError, match="returned 2 rewards for 1 completion"):
+        RewardFunctions.of(lambda completions, **kw: [1.0, 1.0], None).score_rollout(
+            trajectory, case
+        )
+    with pytest.raises(ValueError, match="2 values for 1 reward functions"):
+        RewardFunctions.of(by_level, [1.0, 2.0])
+    with pytest.raises(ValueError, match="reward models by hub id are not supported"):
+        RewardFunctions.of("Qwen/reward-model", None)
+
+
+def test_every_scorer_is_a_trl_reward_function_with_the_same_values() -> None:
+    exact = reward_function("exact_match")
+    assert exact(["Paris", "Rome"], reference=["paris", "paris"]) == [1.0, 0.0]
+    game = reward_function("game24")
+    assert game(["(1+2+3)*4"], reference=["x"], numbers=[[1, 2, 3, 4]]) == [1.0]
+    for name, scorer in SCORERS.items():
+        case = Case("0", "Q?", "4", {"numbers": [1, 1, 2, 2], "options": ["A) 4", "B) 5"]})
+        func = reward_function(name)
+        assert func(
+            ["4"],
+            reference=["4"],
+            numbers=[case.metadata["numbers"]],
+            options=[case.metadata["options"]],
+        ) == [scorer("4", case).value]
+
+
+def test_dataset_columns_in_trls_and_our_spellings() -> None:
+    cases = dataset_cases(
+        [
+            {"question": "A?", "answer": "a", "id": "x"},
+            {"prompt": "B?", "ground_truth": "b"},
+            {
+                "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "C?"}],
+                "reference": "c",
+            },
+        ]
+    )
+    assert [c.id for c in cases] == ["x", "1", "2"]
+    assert [c.query.split("\n")[0] for c in cases] == ["A?", "B?", "C?"]
+    assert [c.reference for c in cases] == ["a", "b", "c"]
+    with pytest.raises(ValueError, match=r"record 0 needs a text 'query'.*keys \['text'\]"):
+        dataset_cases([{"text": "no question"}])
+    with pytest.raises(ValueError, match="row 0: its prompt has no user message"):
+        dataset_cases([{"prompt": [{"role": "system", "content": "s"}], "answer": "a"}])
+    with pytest.raises(ValueError, match="train_dataset has no rows"):
+        dataset_cases([])
+
+
+def test_contradictory_shapes_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    rows = [{"question": "A?", "answer": "a"}, {"question": "B?", "answer": "b"}]
+    with pytest.raises(ValueError, match="drop benchmark/data from args"):
+        FlowGRPOTrainer(
+            str(tiny_model_dir),
+            "exact_match",
+            flow_config(tmp_path, benchmark="gameof24"),
+            rows,
+        )
+    with pytest.raises(ValueError, match="train_dataset is required"):
+        FlowGRPOTrainer(str(tiny_model_dir), "exact_match", flow_config(tmp_path))
+    with pytest.raises(ValueError, match="reward_funcs is required"):
+        FlowGRPOTrainer(str(tiny_model_dir), None, flow_config(tmp_path), rows)
+    from trl import GRPOConfig
+
+    with pytest.raises(ValueError, match="takes a FlowGRPOConfig"):
+        FlowGRPOTrainer(
+            str(tiny_model_dir), "exact_match", GRPOConfig(str(tmp_path), use_cpu=True), rows
+        )
+    with pytest.raises(ValueError, match="name two planners"):
+        FlowGRPOTrainer(
+            str(tiny_model_dir), "exact_match", flow_config(tmp_path, planner="other"), rows
+        )
+    from flowlearn.training.rollouts import Replay
+
+    with pytest.raises(ValueError, match="a source takes args and no reward_funcs"):
+        FlowGRPOTrainer(str(tiny_model_dir), "exact_match", flow_config(tmp_path), source=Replay())

@@ -1,0 +1,189 @@
+"""TRL's constructor shape: a model name, reward functions and a dataset become a flow to train.
+
+`FlowGRPOTrainer(model="Qwen/...", reward_funcs=[...], args=FlowGRPOConfig(...),
+train_dataset=dataset)` reads as TRL's `GRPOTrainer` call. This module builds what it needs
+from those, as `flowlearn train` builds it from a config file's names:
+
+1. The model: a hub id, a folder, a .gguf file or `default`/`default-base` loads as the
+   planner (LoRA-wrapped when `args.lora` says so, or above 1B parameters); a loaded model is
+   taken as it is, with `processing_class` or its own tokenizer.
+2. The fixed engine, unless given: `args.engine` (a name, or `base`: the frozen base under
+   LoRA), else the engine a trained folder records, else a separate frozen copy of the
+   planner's untrained model. A served engine (`engine_url`) is passed in as `engine=`.
+3. The tools, unless given: the default tools over that engine (`args.tools` picks among
+   them), ordered and sized by the prompt set.
+4. The prompt set, unless given: `args.prompts`, else the one a trained folder records, else
+   `smollm2` beside the embedded default model, else AgentFlow's (`nodes.presets`).
+5. The questions: the dataset's rows (`rewards.dataset_cases`); the outcome: the reward
+   functions' weighted sum (`rewards.RewardFunctions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.tools import BaseTool
+
+from flowlearn.engine import (
+    BatchingPolicy,
+    FrozenBasePolicy,
+    HFChatModel,
+    HFPolicy,
+    ModelHandle,
+    untrained_twin,
+)
+from flowlearn.engine.protocol import Policy
+from flowlearn.nodes.presets import named_prompts, prompts_for
+from flowlearn.nodes.prompts import Prompts, recorded_engine
+from flowlearn.nodes.tools import default_tools
+from flowlearn.training.config import FlowGRPOConfig
+from flowlearn.training.model import load_planner, with_lora
+from flowlearn.training.rewards import RewardFunc, RewardFunctions, dataset_cases
+from flowlearn.training.rollouts import (
+    Rollouts,
+    agentflow_factory,
+    format_penalty,
+    step_concurrency,
+)
+
+
+@dataclass
+class TRLParts:
+    """What the TRL-shaped call resolves to: the model, its tokenizer and the rollout source."""
+
+    model: Any
+    tokenizer: Any
+    source: Rollouts
+    handle: ModelHandle
+    prompts: Prompts
+    outcome: RewardFunctions
+    engine_name: str | None
+    """The local model the engine is (None: a given engine), recorded in a saved final/."""
+
+
+def trl_parts(
+    model: Any,
+    reward_funcs: RewardFunc | str | Sequence[RewardFunc | str] | None,
+    args: FlowGRPOConfig,
+    train_dataset: Iterable[Mapping[str, Any]] | None,
+    *,
+    processing_class: Any = None,
+    engine: BaseChatModel | None = None,
+    tools: Sequence[BaseTool] | None = None,
+    prompts: Prompts | None = None,
+    graph_factory: Callable[[Policy], Any] | None = None,
+) -> TRLParts:
+    """Build the planner, engine, tools and questions of a TRL-shaped `FlowGRPOTrainer` call.
+
+    Raises:
+        ValueError: a missing dataset or reward function, a config that is not a
+            `FlowGRPOConfig`, names that contradict each other, or a served engine by name.
+
+    """
+    if not isinstance(args, FlowGRPOConfig):
+        raise ValueError(
+            f"args is a {type(args).__name__}; FlowGRPOTrainer takes a FlowGRPOConfig (TRL's "
+            "GRPOConfig with the flow's settings: max_turns, questions_per_step, lora, ...)"
+        )
+    if train_dataset is None:
+        raise ValueError("train_dataset is required: the questions (and answers) to train on")
+    if reward_funcs is None:
+        raise ValueError("reward_funcs is required: the functions that score each rollout")
+    if graph_factory is not None and (engine is not None or tools is not None):
+        raise ValueError("give graph_factory or engine and tools, not both")
+    outcome = RewardFunctions.of(reward_funcs, args.reward_weights)
+    cases = dataset_cases(train_dataset)
+    device = "cpu" if args.use_cpu else None  # None: CUDA when available
+    source_name = _model_name(model, args)
+    if isinstance(model, str):
+        model, loaded, lora = load_planner(args, model, None, device)
+        processing_class = processing_class or loaded
+        if lora:
+            model = with_lora(model, args)
+    if processing_class is None:
+        from transformers import AutoTokenizer
+
+        processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
+    handle = ModelHandle(model, processing_class)
+    engine_name = _engine_name(args, source_name, engine is not None or graph_factory is not None)
+    if prompts is None:
+        prompts = (
+            named_prompts(args.prompts) if args.prompts else prompts_for(source_name, engine_name)
+        )
+    if graph_factory is None:
+        engine = engine or _local_engine(args, engine_name, handle, device, prompts)
+        bound = list(tools) if tools is not None else _default_tools(args, engine, prompts)
+        graph_factory = agentflow_factory(engine, bound, prompts)
+    source = Rollouts(
+        graph_factory,
+        outcome,
+        cases,
+        extra_rewards={"format_penalty": format_penalty(args.format_penalty)}
+        if args.format_penalty
+        else None,
+        concurrency=args.rollout_concurrency,
+        reward_errors=args.reward_errors,
+    )
+    return TRLParts(model, processing_class, source, handle, prompts, outcome, engine_name)
+
+
+def _model_name(model: Any, args: FlowGRPOConfig) -> str | None:
+    name = model if isinstance(model, str) else getattr(model, "name_or_path", None)
+    if isinstance(model, str) and args.planner and args.planner != model:
+        raise ValueError(
+            f"model={model!r} and args.planner={args.planner!r} name two planners; give one"
+        )
+    return str(name) if name else None
+
+
+def _engine_name(args: FlowGRPOConfig, planner: str | None, given: bool) -> str | None:
+    if given:
+        return None
+    if args.engine_url is not None:
+        raise ValueError(
+            "engine_url: build the served engine yourself and pass it as engine= (e.g. "
+            "flowlearn.engine.ServerChatModel), or train with `flowlearn train`, which does"
+        )
+    if args.engine == "base":
+        return planner
+    if args.engine:
+        return args.engine
+    recorded = recorded_engine(planner) if planner else None
+    if recorded or planner:
+        return recorded or untrained_twin(planner)
+    raise ValueError(
+        "the model has no name_or_path to load the fixed engine from; pass engine= or set "
+        "args.engine"
+    )
+
+
+def _local_engine(
+    args: FlowGRPOConfig,
+    name: str | None,
+    handle: ModelHandle,
+    device: str | None,
+    prompts: Prompts,
+) -> HFChatModel:
+    if args.engine == "base":
+        from peft import PeftModel
+
+        if not isinstance(handle.model, PeftModel):
+            raise ValueError("engine 'base' is the frozen base under LoRA; it needs lora on")
+        backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
+    else:
+        backend = HFPolicy.from_pretrained(name, device=device)
+    batch = step_concurrency(
+        args.rollout_concurrency, args.questions_per_step, int(args.num_generations or 1)
+    )
+    return HFChatModel(
+        policy=BatchingPolicy(backend, max_batch_size=batch),
+        max_new_tokens=prompts.budgets.engine,
+        fixed_max_new_tokens=args.engine_max_new_tokens,
+    )
+
+
+def _default_tools(args: FlowGRPOConfig, engine: BaseChatModel, prompts: Prompts) -> list[BaseTool]:
+    return default_tools(engine, corpus=args.corpus, k=prompts.search_k, order=prompts.tool_order)
