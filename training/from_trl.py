@@ -14,7 +14,8 @@ from those, as `flowlearn train` builds it from a config file's names:
    them), ordered and sized by the prompt set.
 4. The prompt set, unless given: `args.prompts`, else the one a trained folder records, else
    `smollm2` beside the embedded default model, else AgentFlow's (`nodes.presets`).
-5. The questions: the dataset's rows (`rewards.dataset_cases`); the outcome: the reward
+5. The output folder is claimed as `flowlearn train` claims it: one of other files is refused.
+6. The questions: the dataset's rows (`rewards.dataset_cases`); the outcome: the reward
    functions' weighted sum (`rewards.RewardFunctions`).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -39,6 +41,7 @@ from flowlearn.engine.protocol import Policy
 from flowlearn.nodes.presets import named_prompts, prompts_for
 from flowlearn.nodes.prompts import Prompts, recorded_engine
 from flowlearn.nodes.tools import default_tools
+from flowlearn.outputs import claim_folder
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.model import load_planner, with_lora
 from flowlearn.training.rewards import RewardFunc, RewardFunctions, dataset_cases
@@ -95,6 +98,9 @@ def trl_parts(
     if graph_factory is not None and (engine is not None or tools is not None):
         raise ValueError("give graph_factory or engine and tools, not both")
     outcome = RewardFunctions.of(reward_funcs, args.reward_weights)
+    # the folder belongs to this run, as under `flowlearn train`: a folder of other files is
+    # refused before anything loads or is written (`flowlearn.outputs`)
+    claim_folder(Path(str(args.output_dir)), "train", flag="output_dir", adopt=("run.json",))
     cases = dataset_cases(train_dataset)
     device = "cpu" if args.use_cpu else None  # None: CUDA when available
     source_name = _model_name(model, args)

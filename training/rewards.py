@@ -28,7 +28,7 @@ from flowlearn.evals.cases import Case, row_to_case
 from flowlearn.evals.scorers import SCORERS, Score, scorer_named
 from flowlearn.training.trajectories import Trajectory
 
-RewardFunc = Callable[..., Sequence[float | None]]
+RewardFunc = Callable[..., list[float | None]]
 """TRL's reward function: `(completions, **kwargs) -> list[float | None]`."""
 
 QUESTION_COLUMNS = ("question", "query", "Question", "prompt")

@@ -11,16 +11,13 @@ Why it is built this way:
    planner temperature, which must equal TRL's `temperature` (checked), so the first ratio is 1
    up to numerics, and offline data gets its importance correction for free.
 3. Rollouts of step k+1 see the weights updated at step k: the policy wraps the live model.
-4. Two constructors, one per source: `online` (cases, a scorer and a graph) and `offline`
-   (exported trajectories); `__init__` takes the source they build (`flowlearn.training.rollouts`).
-5. The run's health is written beside the checkpoints: every logging step appends one JSON line
-   to `output_dir/metrics.jsonl` with TRL's own metrics (loss, entropy, KL, clip ratios,
-   learning rate, step time) and the flow's (`flow/*`: mean reward, zero-variance group share,
-   format-error rate, mean turns, completion length, rollout and update seconds, and what the
-   batch left out: `rows_cut` to max_completion_length, `rows_dropped`,
-   `trajectories_dropped`, `reward_errors`) plus the mean reward of each group. On resume,
-   lines past the checkpoint's step are dropped first, so the file never holds a step twice.
-   A reward-curve PNG is redrawn at every save and at the end.
+4. TRL's shape, `FlowGRPOTrainer(model, reward_funcs, args, train_dataset)`, builds the
+   rollout source from a model name, reward functions and a dataset (`from_trl`); `online`
+   (cases, a scorer and a graph) and `offline` (exported trajectories) build it from those.
+5. The run's health is written beside the checkpoints (`metrics`): `metrics.jsonl` (TRL's and
+   the flow's `flow/*` metrics, each group's mean reward) and the reward curve.
+6. A saved model names its prompt set and fixed engine (`flowlearn_prompts.json`), so
+   `flowlearn run --planner FOLDER` serves it as it was trained.
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
-from transformers import TrainerCallback
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
@@ -44,12 +40,12 @@ from flowlearn.engine.protocol import Policy
 from flowlearn.engine.tokens import ModelHandle
 from flowlearn.errors import TrainingDivergedError
 from flowlearn.evals.cases import Case
-from flowlearn.files import JsonlFile, write_atomically
-from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, write_prompts_record
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.batches import Batching, chunked_loss, next_piece, step_tensors
 from flowlearn.training.config import FlowGRPOConfig, check_settings, context_from
 from flowlearn.training.from_trl import TRLParts, trl_parts
+from flowlearn.training.metrics import FlowMetricsCallback, flow_metrics, read_metrics
 from flowlearn.training.model import (
     frozen_reference,
     install_reference,
@@ -71,7 +67,7 @@ from flowlearn.training.rollouts import (
     unused_reward,
 )
 from flowlearn.training.rows import Mode, Scale, StepCredit, build_flow_grpo_rows, check_mode
-from flowlearn.training.trajectories import DROPPED, Trajectory, TrajectoryStore
+from flowlearn.training.trajectories import Trajectory, TrajectoryStore
 from flowlearn.training.vllm.lora_server import ServerGeneration
 from flowlearn.training.vllm.trl_engine import (
     VLLMFactory,
@@ -80,29 +76,9 @@ from flowlearn.training.vllm.trl_engine import (
     vllm_kept_from_trl,
 )
 
-__all__ = ["FlowGRPOTrainer", "cases_dataset", "unused_reward"]
+__all__ = ["FlowGRPOTrainer", "cases_dataset", "read_metrics", "unused_reward"]
 
 logger = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
-CURVE_FILE = "reward_curve.png"
-
-FLOW_STATS = (
-    "mean_reward",
-    "zero_variance_share",
-    "rows",
-    "tokens",
-    "mean_turns",
-    "rows_cut",
-    "rows_dropped",
-    "trajectories_dropped",
-)
-"""The `build_flow_grpo_rows` stats logged as `flow/<name>`.
-
-`rows_cut`: completions cut to max_completion_length. `rows_dropped`: turns not trained on
-(prompt too long, a zero-variance group dropped, a policy call without token ids).
-`trajectories_dropped`: rollouts with no row trained on (those, or a dropped reward error).
-"""
 
 
 class FlowGRPOTrainer(GRPOTrainer):
@@ -434,6 +410,14 @@ class FlowGRPOTrainer(GRPOTrainer):
             stop_if_not_finite("loss", loss, self.state.global_step)
         return loss
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save as TRL does, and (TRL's shape) name the prompt set and engine beside it."""
+        super().save_model(output_dir, _internal_call=_internal_call)
+        folder = Path(str(output_dir or self.args.output_dir))
+        if self.flow_parts is not None and self.is_world_process_zero() and folder.is_dir():
+            parts = self.flow_parts
+            write_prompts_record(folder, parts.prompts, engine=parts.engine_name)
+
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
         # Called at every optimizer step, after clipping and before the step: the last moment a
         # NaN or infinite gradient can still be kept out of the weights.
@@ -491,110 +475,3 @@ def warn_no_rows(step: int, rollouts: int) -> None:
         step,
         rollouts,
     )
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Return the records of a metrics JSONL, skipping a torn line with a warning."""
-    return [r for r in JsonlFile(path).records() if isinstance(r, dict)]
-
-
-def plot_reward_curve(records: list[dict[str, Any]], path: str | Path) -> Path | None:
-    """Draw mean reward (and format-error rate) per step into a PNG; None without data."""
-    points = [(r["step"], r["flow/mean_reward"]) for r in records if "flow/mean_reward" in r]
-    if not points:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot(*zip(*points, strict=True), marker="o", label="mean reward")
-    key = "flow/format_error_rate"
-    errors = [(r["step"], r[key]) for r in records if key in r]
-    if errors:
-        axis.plot(*zip(*errors, strict=True), linestyle="--", label="format-error rate")
-    axis.set_xlabel("step")
-    axis.set_ylim(-0.05, 1.05)
-    axis.set_title("Flow-GRPO rollouts")
-    axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    try:
-        return write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
-    finally:
-        plt.close(figure)
-
-
-def flow_metrics(
-    trajectories: list[Trajectory], stats: dict[str, Any], seconds: float
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Return one step's `flow/*` metrics and the mean reward of each of its groups."""
-    values = {f"flow/{key}": float(stats[key]) for key in FLOW_STATS}
-    turns = [
-        t
-        for trajectory in trajectories
-        for t in trajectory.transitions
-        if t.get("completion_ids") is not None
-    ]
-    bad = sum(t["parse_status"] != "ok" for t in turns)
-    values["flow/format_error_rate"] = bad / len(turns) if turns else 0.0
-    values["flow/completion_length"] = (
-        sum(len(t.get("completion_ids") or []) for t in turns) / len(turns) if turns else 0.0
-    )
-    values["flow/rollout_seconds"] = seconds
-    values["flow/reward_errors"] = float(sum(t.reward_error is not None for t in trajectories))
-    groups: dict[str, list[float]] = {}
-    for trajectory in trajectories:
-        if trajectory.metadata.get(DROPPED):  # its reward of 0 was never trained on
-            continue
-        groups.setdefault(trajectory.group_id, []).append(trajectory.total_reward)
-    return values, {g: sum(r) / len(r) for g, r in groups.items()}
-
-
-class FlowMetricsCallback(TrainerCallback):
-    """Write the metrics JSONL and reward curve of a `FlowGRPOTrainer` run."""
-
-    def __init__(self, trainer: Any) -> None:
-        """Attach to `trainer`, whose last rollout timing and group rewards it reads."""
-        self.trainer = trainer
-        self.file = JsonlFile(Path(trainer.args.output_dir) / METRICS_FILE)
-        self.path = self.file.path
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Create the file, or cut it back to the step training resumes from."""
-        if not state.is_world_process_zero:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= state.global_step]
-            self.file.rewrite(kept, default=float)
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Record how long the update took after this step's rollouts."""
-        ended = getattr(self.trainer, "rollout_ended", None)
-        if ended is not None:
-            metrics = self.trainer._metrics["train"]
-            metrics["flow/update_seconds"].append(time.perf_counter() - ended)
-
-    def on_log(
-        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
-    ) -> None:
-        """Append this step's metrics and group rewards as one JSON line."""
-        if not state.is_world_process_zero or not logs or "flow/mean_reward" not in logs:
-            return
-        record = {"step": state.global_step, **logs}
-        record["group_rewards"] = dict(getattr(self.trainer, "group_rewards", {}))
-        self.file.append(record, default=float)
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Redraw the reward curve beside the checkpoints."""
-        self._plot(state)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Draw the final reward curve."""
-        self._plot(state)
-
-    def _plot(self, state: Any) -> None:
-        if state.is_world_process_zero and self.path.exists():
-            plot_reward_curve(read_metrics(self.path), self.path.parent / CURVE_FILE)

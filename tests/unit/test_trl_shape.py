@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,9 @@ def test_one_step_from_a_model_path_reward_funcs_and_a_dataset(
     assert isinstance(call["trajectories"][0], Trajectory)
     assert call["reference"][0] in {"0", "2", "4", "6"} and call["level"][0] in range(4)
     assert call["prompts"][0].startswith("What is ")
+    trainer.save_model(str(tmp_path / "final"))  # named as trained, for `flowlearn run`
+    record = json.loads((tmp_path / "final" / "flowlearn_prompts.json").read_text())
+    assert record == {"prompts": "agentflow", "engine": str(tiny_model_dir)}
 
 
 def test_reward_functions_sum_by_weight_and_skip_none() -> None:
