@@ -6,7 +6,9 @@ per process, through the composition root (`flowlearn.compose`): `$FLOWLEARN_PLA
 `$FLOWLEARN_WEB_TOOLS`. The `python` tool, which runs code the model writes, is bound only when
 `$FLOWLEARN_STUDIO_PYTHON=1`: the server answers HTTP, so running code is an explicit opt-in. The
 server itself admits only the Studio and localhost origins (`flowlearn.studio_http`). The graph is
-compiled without a checkpointer: the server brings its own.
+compiled without a checkpointer: the server brings its own. Clients get `OutputState` back
+(question, answer, termination, turns, memory), never token ids; the thread's checkpointed
+state keeps everything.
 """
 
 from __future__ import annotations
@@ -17,16 +19,16 @@ from functools import lru_cache
 from langgraph.graph.state import CompiledStateGraph
 
 from flowlearn.compose import FlowSpec, build_flow
-from flowlearn.graphs import InputState, State
+from flowlearn.graphs import InputState, OutputState, State
 from flowlearn.nodes.schema.context import Context
 
-Graph = CompiledStateGraph[State, Context, InputState, State]
+Graph = CompiledStateGraph[State, Context, InputState, OutputState]
 
 
 @lru_cache(maxsize=1)
 def build_graph_from_env() -> Graph:
     """Build the AgentFlow graph on the parts the environment names (cached per process)."""
-    return build_flow(FlowSpec.for_studio()).graph
+    return build_flow(FlowSpec.for_studio(), output_schema=OutputState).graph
 
 
 async def make_graph() -> Graph:

@@ -51,7 +51,8 @@ def build_agentflow(
     checkpointer: BaseCheckpointSaver[Any] | None = None,
     name: str = "agentflow",
     retry_policy: RetryPolicy | None = ENGINE_RETRY,
-) -> CompiledStateGraph[State, Context, InputState, State]:
+    output_schema: type[Any] = State,
+) -> CompiledStateGraph[State, Context, InputState, Any]:
     """Compile the four-agent AgentFlow graph.
 
     Args:
@@ -67,6 +68,9 @@ def build_agentflow(
             into the nodes when they are built, so hand-composed graphs get the same. Once its
             attempts are spent, and for any other engine error, the error is recorded in
             memory and transitions, and the run goes on.
+        output_schema: What `invoke` and API clients get: the whole `State` (default;
+            training reads its transitions), or `OutputState` (question, answer, termination,
+            turns, memory; no token ids), as the LangGraph server's graph uses.
 
     Raises:
         ValueError: no tools, or two tools with the same name.
@@ -80,7 +84,9 @@ def build_agentflow(
     if duplicated:
         raise ValueError(f"tool names must be unique; {duplicated} appear more than once")
 
-    graph = StateGraph(State, context_schema=Context, input_schema=InputState)
+    graph = StateGraph(
+        State, context_schema=Context, input_schema=InputState, output_schema=output_schema
+    )
     retry = retry_policy
     planner = make_planner(
         as_policy(planner_policy), tools, analysis_engine=engine, prompts=prompts, retry=retry

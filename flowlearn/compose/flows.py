@@ -60,7 +60,7 @@ def build_tools(
 class Flow:
     """A compiled graph with what it was built from."""
 
-    graph: CompiledStateGraph[State, Context, InputState, State]
+    graph: CompiledStateGraph[State, Context, InputState, Any]
     context: Context
     planner: Policy
     engine: HFChatModel
@@ -85,8 +85,11 @@ def build_flow(
     context: Context | None = None,
     *,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
+    output_schema: type[Any] = State,
 ) -> Flow:
     """Check the names, load the models and compile the flow.
+
+    `output_schema`: see `build_agentflow`; the LangGraph server's graph gives `OutputState`.
 
     Raises:
         UsageError: a bad name or a missing model, with how to fix it.
@@ -102,7 +105,14 @@ def build_flow(
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
     tools = build_tools(spec, engine, prompts)
-    graph = build_agentflow(planner, engine, tools, prompts=prompts, checkpointer=checkpointer)
+    graph = build_agentflow(
+        planner,
+        engine,
+        tools,
+        prompts=prompts,
+        checkpointer=checkpointer,
+        output_schema=output_schema,
+    )
     names = sorted(context.tools or [tool.name for tool in tools])
     return Flow(graph, context, planner, engine, names, prompts, engine_note=why)
 

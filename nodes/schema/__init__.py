@@ -8,13 +8,14 @@ may import it at top level.
 from flowlearn.engine.sampling import Generation, Messages, Sampling, token_faithful
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, Plan, StepRecord, Transition
-from flowlearn.nodes.schema.state import InputState, State, Termination
+from flowlearn.nodes.schema.state import InputState, OutputState, State, Termination
 
 __all__ = [
     "Context",
     "Generation",
     "InputState",
     "Messages",
+    "OutputState",
     "ParseStatus",
     "Plan",
     "Sampling",

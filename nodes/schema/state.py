@@ -50,3 +50,20 @@ class State(InputState, total=False):
     """Wall-clock seconds from `started_at` to the final answer."""
     termination: Termination | None
     """Why the loop ended: the verifier said STOP, or a budget was spent."""
+
+
+class OutputState(TypedDict, total=False):
+    """What an API client gets back: `build_agentflow(output_schema=OutputState)`.
+
+    The question, the answer and how the run went, with memory as the agents wrote it; no
+    token ids, prompts or logprobs (those stay in the checkpointed state, for training).
+    """
+
+    question: str
+    answer: str
+    final_text: str
+    termination: Termination | None
+    turn: int
+    seconds: float
+    memory: list[StepRecord]
+    """The step records: sub-goals, tools, arguments, results, errors and verdicts."""

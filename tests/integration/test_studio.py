@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flowlearn.graphs import OutputState
+
 ROOT = Path(__file__).parents[2]
 CLI = Path(sys.executable).parent / "langgraph"
 
@@ -104,6 +106,16 @@ def test_langgraph_dev_serves_the_flow(server: str) -> None:
             input={"question": "What is 17 * 23?"},
             context=context,
         )
+        # a second question on the same thread starts a fresh run; the thread keeps the first
+        second = await client.runs.wait(
+            thread["thread_id"],
+            "agentflow",
+            input={"question": "What is 2 + 3?"},
+            context=context,
+        )
+        kept = await client.threads.get_state(thread["thread_id"])
+        history = await client.threads.get_history(thread["thread_id"], limit=100)
+        state["second"], state["kept"], state["history"] = second, kept["values"], history
         events = []
         thread2 = await client.threads.create()
         async for part in client.runs.stream(
@@ -118,7 +130,16 @@ def test_langgraph_dev_serves_the_flow(server: str) -> None:
         return state, events
 
     state, events = asyncio.run(scenario())
+    second, kept, history = state.pop("second"), state.pop("kept"), state.pop("history")
     assert "__error__" not in state, state
+    # clients get OutputState: the answer and how the run went, never token ids
+    assert set(state) <= set(OutputState.__annotations__), set(state)
+    assert "transitions" not in state and "question" in state and "memory" in state
+    assert second["question"] == "What is 2 + 3?" and second["turn"] == 1
+    assert all(record["turn"] == 1 for record in second["memory"])  # none of the first run's
+    assert kept["transitions"] and all("17 * 23" not in str(t) for t in kept["transitions"])
+    asked = {c["values"].get("question") for c in history}
+    assert {"What is 17 * 23?", "What is 2 + 3?"} <= asked  # the checkpoints keep both runs
     assert state["turn"] == 1 and "answer" in state and state["final_text"] is not None
     assert state["termination"] in {"max_turns", "verifier_stop"}
     kinds = [e["event"] for e in events]
