@@ -1,11 +1,13 @@
-"""The run's health: each logged step's metrics as a JSON line, and the reward curve.
+"""What a run writes for people: each step's metrics as a JSON line, plots, a model card.
 
 Every logging step appends one line to `output_dir/metrics.jsonl` with TRL's own metrics
 (loss, entropy, KL, clip ratios, learning rate, step time) and the flow's (`flow/*`: mean
 reward, zero-variance group share, format-error rate, mean turns, completion length, rollout
 and update seconds, and what the batch left out) plus the mean reward of each group. On
 resume, lines past the checkpoint's step are dropped first, so the file never holds a step
-twice. The reward curve is redrawn at every save and at the end.
+twice. The reward curve is redrawn at every save and at the end. The model card (README.md,
+which TRL writes with every checkpoint) names the base model, the method and how to run the
+result, and links nothing that does not exist.
 """
 
 from __future__ import annotations
@@ -45,32 +47,88 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [r for r in JsonlFile(path).records() if isinstance(r, dict)]
 
 
-def plot_reward_curve(records: list[dict[str, Any]], path: str | Path) -> Path | None:
-    """Draw mean reward (and format-error rate) per step into a PNG; None without data."""
-    points = [(r["step"], r["flow/mean_reward"]) for r in records if "flow/mean_reward" in r]
-    if not points:
+PANELS = (
+    ("flow/format_error_rate", "format-error rate"),
+    ("loss", "loss"),
+    ("kl", "KL to the reference"),
+    ("entropy", "entropy (nats/token)"),
+)
+"""The panels beside the reward: each metric on its own labelled axis, drawn when logged."""
+
+
+def plot_reward_curve(
+    records: list[dict[str, Any]], path: str | Path, title: str = "Flow-GRPO"
+) -> Path | None:
+    """Draw `reward_figure` into a PNG at `path`; None when no step has a reward yet."""
+    import matplotlib.pyplot as plt
+
+    figure = reward_figure(records, title)
+    if figure is None:
+        return None
+    try:
+        return write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(figure)
+
+
+def reward_figure(records: list[dict[str, Any]], title: str = "Flow-GRPO") -> Any:
+    """Return the run's reward and health, one labelled panel each (None: no data).
+
+    The reward panel shows each step's mean reward, its rolling mean (over 5 steps) and the
+    spread of the step's group means (one standard deviation). Steps are integers; no axis
+    is clipped to a fixed range, so negative rewards and large losses show.
+    """
+    rows = [r for r in records if "flow/mean_reward" in r]
+    if not rows:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot(*zip(*points, strict=True), marker="o", label="mean reward")
-    key = "flow/format_error_rate"
-    errors = [(r["step"], r[key]) for r in records if key in r]
-    if errors:
-        axis.plot(*zip(*errors, strict=True), linestyle="--", label="format-error rate")
-    axis.set_xlabel("step")
-    axis.set_ylim(-0.05, 1.05)
-    axis.set_title("Flow-GRPO rollouts")
-    axis.grid(alpha=0.3)
-    axis.legend()
+    panels = [(key, label) for key, label in PANELS if any(key in r for r in rows)]
+    figure, axes = plt.subplots(
+        1 + len(panels), 1, figsize=(7, 2.2 * (1 + len(panels))), sharex=True, squeeze=False
+    )
+    steps = [int(r["step"]) for r in rows]
+    means = [float(r["flow/mean_reward"]) for r in rows]
+    spreads = [_spread(r.get("group_rewards") or {}) for r in rows]
+    reward = axes[0][0]
+    reward.plot(steps, means, marker="o", linewidth=1, label="mean reward")
+    rolling = [
+        sum(means[max(0, i - 4) : i + 1]) / len(means[max(0, i - 4) : i + 1])
+        for i in range(len(means))
+    ]
+    reward.plot(steps, rolling, linewidth=2, label="rolling mean (5 steps)")
+    reward.fill_between(
+        steps,
+        [m - s for m, s in zip(means, spreads, strict=True)],
+        [m + s for m, s in zip(means, spreads, strict=True)],
+        alpha=0.2,
+        label="spread of group means (1 sd)",
+    )
+    reward.set_ylabel("reward")
+    reward.legend(fontsize=7)
+    for (key, label), row in zip(panels, axes[1:], strict=True):
+        points = [(int(r["step"]), float(r[key])) for r in rows if key in r]
+        row[0].plot(*zip(*points, strict=True), marker=".", linewidth=1)
+        row[0].set_ylabel(label, fontsize=8)
+    for row in axes:
+        row[0].grid(alpha=0.3)
+        row[0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1][0].set_xlabel("step")
+    figure.suptitle(f"{title}: {len(rows)} steps", fontsize=10)
     figure.tight_layout()
-    try:
-        return write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
-    finally:
-        plt.close(figure)
+    return figure
+
+
+def _spread(group_rewards: dict[str, float]) -> float:
+    values = [float(v) for v in group_rewards.values()]
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return float((sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5)
 
 
 def flow_metrics(
@@ -144,4 +202,52 @@ class FlowMetricsCallback(TrainerCallback):
 
     def _plot(self, state: Any) -> None:
         if state.is_world_process_zero and self.path.exists():
-            plot_reward_curve(read_metrics(self.path), self.path.parent / CURVE_FILE)
+            model = self.trainer.model.config.name_or_path
+            title = f"Flow-GRPO run {self.path.parent.name}, planner {Path(str(model)).name}"
+            plot_reward_curve(read_metrics(self.path), self.path.parent / CURVE_FILE, title)
+
+
+PAPER = "AgentFlow: In-the-Flow Agentic System Optimization (arXiv 2510.05592)"
+
+
+def model_card(base_model: str | None, run: str, steps: int, trained: str | None = None) -> str:
+    """Return the model card of a Flow-GRPO run: base model, method, how to run it, versions."""
+    import importlib.metadata as metadata
+
+    versions = []
+    for package in ("flowlearn", "trl", "transformers", "torch", "peft"):
+        try:
+            versions.append(f"- {package}: {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            continue
+    is_hub_id = base_model is not None and not Path(base_model).exists()
+    header = ["---", "library_name: transformers", "tags: [flowlearn, flow-grpo, trl, agentflow]"]
+    if is_hub_id:
+        header.append(f"base_model: {base_model}")
+    base = f"`{base_model}`" if base_model else "a model given in Python"
+    return "\n".join(
+        [
+            *header,
+            "---",
+            "",
+            f"# {run}",
+            "",
+            f"The planner of an AgentFlow graph, {base} trained with Flow-GRPO ({PAPER}) by "
+            f"flowlearn on TRL's GRPOTrainer for {steps} steps"
+            + (f" ({trained})." if trained else "."),
+            "",
+            "## Run it",
+            "",
+            "```bash",
+            'flowlearn run "your question" --planner <this folder>',
+            "```",
+            "",
+            "A `final/` folder names the prompt set and fixed engine it was trained with "
+            "(`flowlearn_prompts.json`); `flowlearn run` serves it with both.",
+            "",
+            "## Framework versions",
+            "",
+            *versions,
+            "",
+        ]
+    )

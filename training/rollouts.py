@@ -302,8 +302,12 @@ class Rollouts:
         context: Context,
         step: int,
         rank: int,
+        progress: bool = False,
     ) -> list[Trajectory]:
         """Roll each case out `group_size` times with `policy` as the planner, and reward it.
+
+        `progress` shows the step's rollouts finishing on a tqdm bar (the trainer's main
+        process does, unless TRL's `disable_tqdm`).
 
         Under `reward_errors="drop"` a rollout whose reward failed comes back marked
         `metadata[DROPPED]`, so the batch leaves it out and counts it in the metrics.
@@ -320,7 +324,7 @@ class Rollouts:
             store=rank_store(self.store, rank),
             context=context,
             concurrency=concurrency,
-            progress=False,
+            progress=progress,
             extra_rewards=self.extra_rewards,
             id_prefix=f"step{step}:",
             run_id=self.run_id,

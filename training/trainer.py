@@ -40,12 +40,13 @@ from flowlearn.engine.protocol import Policy
 from flowlearn.engine.tokens import ModelHandle
 from flowlearn.errors import TrainingDivergedError
 from flowlearn.evals.cases import Case
+from flowlearn.files import write_text_atomically
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, write_prompts_record
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.batches import Batching, chunked_loss, next_piece, step_tensors
 from flowlearn.training.config import FlowGRPOConfig, check_settings, context_from
 from flowlearn.training.from_trl import TRLParts, trl_parts
-from flowlearn.training.metrics import FlowMetricsCallback, flow_metrics, read_metrics
+from flowlearn.training.metrics import FlowMetricsCallback, flow_metrics, model_card, read_metrics
 from flowlearn.training.model import (
     frozen_reference,
     install_reference,
@@ -345,6 +346,7 @@ class FlowGRPOTrainer(GRPOTrainer):
                 context=self.flow_context,
                 step=self.state.global_step,
                 rank=self.accelerator.process_index,
+                progress=self.is_world_process_zero() and not self.args.disable_tqdm,
             )
         finally:
             model.train(was_training)
@@ -409,6 +411,17 @@ class FlowGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes == 1:
             stop_if_not_finite("loss", loss, self.state.global_step)
         return loss
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """Write the run's model card (`metrics.model_card`) in place of TRL's GRPO card."""
+        if not self.is_world_process_zero():
+            return
+        config = cast(Any, self.model).config
+        name = kwargs.get("model_name") or Path(str(self.args.output_dir)).name
+        card = model_card(str(config.name_or_path) or None, name, self.state.global_step)
+        path = Path(str(self.args.output_dir)) / "README.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(path, card)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save as TRL does, and (TRL's shape) name the prompt set and engine beside it."""

@@ -170,6 +170,8 @@ def test_train_checkpoint_resume_and_final_policy_runs(
     assert trained_under == {"prompts": "agentflow", "engine": str(tiny_model_dir)}
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
+    card = (out / "README.md").read_text()  # ours, not TRL's GRPO card with a made-up link
+    assert "Flow-GRPO" in card and f"`{tiny_model_dir}`" in card and "huggingface.co" not in card
     run_id = json.loads((out / "run.json").read_text())["run_id"]
     capsys.readouterr()
     assert main(["train", "--config", str(config)]) == 2  # a fresh run over stored rollouts

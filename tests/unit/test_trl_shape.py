@@ -40,7 +40,7 @@ def flow_config(out: Path, **overrides: Any) -> FlowGRPOConfig:
 
 
 def test_one_step_from_a_model_path_reward_funcs_and_a_dataset(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seen: list[dict[str, Any]] = []
 
@@ -68,6 +68,7 @@ def test_one_step_from_a_model_path_reward_funcs_and_a_dataset(
     assert trainer.flow_parts.engine_name == str(tiny_model_dir)  # a frozen copy of the base
     trainer.train()
     assert trainer.state.global_step == 1
+    assert "rollouts: 100%" in capsys.readouterr().err  # the step's rollouts show progress
     records = read_metrics(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1] and math.isfinite(records[0]["loss"])
     assert len(seen) == 4  # 2 questions x G=2, one call per rollout
