@@ -34,7 +34,7 @@ from flowlearn.training.config_checks import (
     check_values,
     check_yaml_file,
 )
-from flowlearn.training.rows import refuse_renamed_mode
+from flowlearn.training.rows import Mode, StepCredit, refuse_renamed_mode
 from flowlearn.training.vllm.settings import check_server_options, check_vllm_config
 
 
@@ -233,6 +233,28 @@ def context_from(
         tools=tuple(tools) if tools else None,
         query_analysis=getattr(args, "query_analysis", None),
     )
+
+
+def flow_defaults(
+    args: GRPOConfig,
+    context: Context | None,
+    mode: Mode | None,
+    drop_zero_variance: bool | None,
+    step_credit: StepCredit | None,
+    recompute_old_logprobs: bool | None = None,
+) -> tuple[Context | None, Mode, bool, StepCredit | None, bool]:
+    """Fill the trainer's flow settings not given from a `FlowGRPOConfig` (else the paper's)."""
+    if isinstance(args, FlowGRPOConfig):
+        if recompute_old_logprobs is None:
+            recompute_old_logprobs = args.recompute_old_logprobs
+        context = context or args.context()
+        mode = mode or args.mode
+        if drop_zero_variance is None:
+            drop_zero_variance = args.drop_zero_variance
+        if step_credit is None and args.step_credit_weight:
+            step_credit = StepCredit(args.step_credit_weight, args.step_credit_gamma)
+    recompute = bool(recompute_old_logprobs)
+    return context, mode or "paper", bool(drop_zero_variance), step_credit, recompute
 
 
 def check_settings(args: GRPOConfig, context: Context, questions: int, *, offline: bool) -> None:

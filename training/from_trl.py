@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
+from trl.trainer.grpo_config import GRPOConfig
 
 from flowlearn.engine import (
     BatchingPolicy,
@@ -46,6 +47,7 @@ from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.model import load_planner, with_lora
 from flowlearn.training.rewards import RewardFunc, RewardFunctions, dataset_cases
 from flowlearn.training.rollouts import (
+    Replay,
     Rollouts,
     agentflow_factory,
     format_penalty,
@@ -65,6 +67,77 @@ class TRLParts:
     outcome: RewardFunctions
     engine_name: str | None
     """The local model the engine is (None: a given engine), recorded in a saved final/."""
+
+
+def resolve_source(
+    model: Any,
+    reward_funcs: Any,
+    args: Any,
+    train_dataset: Any,
+    source: Rollouts | Replay | None,
+    trainer_kwargs: dict[str, Any],
+    **parts: Any,
+) -> tuple[Any, GRPOConfig, Rollouts | Replay, TRLParts | None]:
+    """Return the model, config, source and (TRL's shape) parts a `FlowGRPOTrainer` trains.
+
+    With no `source`, the call is TRL's shape: the parts are built (`trl_shape`) and the
+    tokenizer goes into `trainer_kwargs` as `processing_class`.
+
+    Raises:
+        ValueError: as `trl_shape`, or parts given beside a ready source.
+
+    """
+    if source is not None:
+        refuse_parts_beside_source(
+            args, reward_funcs=reward_funcs, train_dataset=train_dataset, **parts
+        )
+        return model, cast(GRPOConfig, args), source, None
+    processing_class = trainer_kwargs.pop("processing_class", None)
+    args, built = trl_shape(
+        model, reward_funcs, args, train_dataset, processing_class=processing_class, **parts
+    )
+    trainer_kwargs["processing_class"] = built.tokenizer
+    return built.model, args, built.source, built
+
+
+def trl_shape(
+    model: Any,
+    reward_funcs: RewardFunc | str | Sequence[RewardFunc | str] | None,
+    args: Any,
+    train_dataset: Iterable[Mapping[str, Any]] | None,
+    **parts: Any,
+) -> tuple[FlowGRPOConfig, TRLParts]:
+    """Return the config (default `FlowGRPOConfig()`) and the parts of a TRL-shaped call.
+
+    Raises:
+        ValueError: as `trl_parts`, and a config naming its own questions (benchmark, data)
+            beside `train_dataset`.
+
+    """
+    args = args if args is not None else FlowGRPOConfig()
+    if isinstance(args, FlowGRPOConfig) and (args.benchmark or args.data):
+        raise ValueError(
+            "args names a benchmark or data file and train_dataset is given; the questions "
+            "come from one of them: drop benchmark/data from args"
+        )
+    return args, trl_parts(model, reward_funcs, args, train_dataset, **parts)
+
+
+def refuse_parts_beside_source(args: Any, **parts: Any) -> None:
+    """Refuse TRL-shaped parts given with a ready source, and a source without args.
+
+    Raises:
+        ValueError: naming the parts given.
+
+    """
+    given = [name for name, value in parts.items() if value is not None]
+    if given:
+        raise ValueError(
+            f"a source takes args and no {', '.join(given)}: its graph and rewards are built "
+            "already; give reward_funcs and train_dataset without a source for TRL's shape"
+        )
+    if args is None:
+        raise ValueError("args is required with a source")
 
 
 def trl_parts(

@@ -44,8 +44,8 @@ from flowlearn.files import write_text_atomically
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, write_prompts_record
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.batches import Batching, chunked_loss, next_piece, step_tensors
-from flowlearn.training.config import FlowGRPOConfig, check_settings, context_from
-from flowlearn.training.from_trl import TRLParts, trl_parts
+from flowlearn.training.config import check_settings, context_from, flow_defaults
+from flowlearn.training.from_trl import resolve_source
 from flowlearn.training.metrics import FlowMetricsCallback, flow_metrics, model_card, read_metrics
 from flowlearn.training.model import (
     frozen_reference,
@@ -83,7 +83,14 @@ logger = logging.getLogger(__name__)
 
 
 class FlowGRPOTrainer(GRPOTrainer):
-    """Train the planner with Flow-GRPO, online through the flow or offline from trajectories."""
+    """Train the planner with Flow-GRPO, online through the flow or offline from trajectories.
+
+    In TRL's shape, `FlowGRPOTrainer(model="Qwen/...", reward_funcs=[...],
+    args=FlowGRPOConfig(...), train_dataset=dataset)` trains the planner of the default
+    AgentFlow graph on the dataset's questions, G rollouts each, rewarded by the reward
+    functions on each rollout's final answer; the engine, tools and prompt set come from
+    `args` as `flowlearn train` makes them (`flowlearn.training.from_trl`) unless given.
+    """
 
     def __init__(
         self,
@@ -108,44 +115,29 @@ class FlowGRPOTrainer(GRPOTrainer):
     ) -> None:
         """Set up training, in TRL's shape or from a `source` (`online`, `offline`).
 
-        In TRL's shape, `FlowGRPOTrainer(model="Qwen/...", reward_funcs=[...],
-        args=FlowGRPOConfig(...), train_dataset=dataset)` trains the planner of the default
-        AgentFlow graph on the dataset's questions, G rollouts each, rewarded by the reward
-        functions on each rollout's final answer (`flowlearn.training.rewards`); the engine,
-        tools and prompt set come from `args` as `flowlearn train` makes them
-        (`flowlearn.training.from_trl`) unless given.
-
         Args:
             model: the policy to train: a transformers model, a PeftModel for LoRA, or (in
                 TRL's shape) a hub id, folder, .gguf file or `default`/`default-base`.
-            reward_funcs: TRL's reward functions `(completions, **kwargs) -> list[float]`, or
-                a scorer's name (`exact_match`, ...); with `train_dataset`, not `source`.
-            args: TRL's config (a `FlowGRPOConfig`; any `GRPOConfig` with a `source`):
-                `num_generations` is G, `scale_rewards` the advantage scaling, `temperature`
-                the planner's. Default: `FlowGRPOConfig()`.
-            train_dataset: the questions: a `datasets.Dataset` (or rows of mappings) with a
-                question column (`question`, `query` or `prompt`) and an answer column
-                (`answer`, `reference`, `solution` or `ground_truth`).
+            reward_funcs: TRL's reward functions `(completions, **kwargs) -> list[float]` or
+                scorer names, scoring each rollout's answer (`rewards`); TRL's shape only.
+            args: a `FlowGRPOConfig` (with a `source`, any `GRPOConfig`): `num_generations`
+                is G, `temperature` the planner's. Default: `FlowGRPOConfig()`.
+            train_dataset: TRL's shape: the questions, a `datasets.Dataset` or rows with a
+                question (`question`, `query`, `prompt`) and an answer column.
             source: where each step's trajectories come from (`Rollouts` or `Replay`),
                 instead of `reward_funcs` and `train_dataset`.
-            engine: TRL's shape: the fixed chat model (default from `args.engine`).
-            tools: TRL's shape: the graph's tools (default: the default tools over engine).
-            prompts: TRL's shape: the prompt set (default from `args.prompts` and the model).
-            graph_factory: TRL's shape: any graph, from the live policy (instead of engine
-                and tools; see `online`).
-            context: the graph's run context (budget, planner sampling); default:
-                `args.context()` (a `FlowGRPOConfig`), else 3 turns sampling with TRL's
-                `temperature`, `top_p` and `max_completion_length`.
+            engine: TRL's shape: the fixed chat model; default from `args` (`from_trl`).
+            tools: TRL's shape: the tools; default: the default tools over the engine.
+            prompts: TRL's shape: the prompt set; default from `args` and the model.
+            graph_factory: TRL's shape: any graph, from the live policy (see `online`).
+            context: the run context; default `args.context()` (`flow_defaults`).
             nodes: which nodes' transitions become rows; None: every transition that carries
                 token ids, i.e. every call of the policy being trained.
-            mode: the Flow-GRPO weighting mode (`build_flow_grpo_rows`); default: `args.mode`
-                (a `FlowGRPOConfig`), else "paper".
-            drop_zero_variance: drop groups whose rewards are all equal; default:
-                `args.drop_zero_variance` (a `FlowGRPOConfig`), else off.
-            step_credit: optional GiGPO-style step credit.
-            recompute_old_logprobs: take the old logprobs from a no-grad training forward
-                instead of the logged ones (verl's way); None: `args.recompute_old_logprobs`
-                (a `FlowGRPOConfig`), else off.
+            mode: the Flow-GRPO weighting mode; default `args.mode`, else "paper".
+            drop_zero_variance: drop groups whose rewards are all equal; default from args.
+            step_credit: optional GiGPO-style step credit; default from args.
+            recompute_old_logprobs: old logprobs from a no-grad training forward (verl's
+                way) instead of the logged ones; None: `args.recompute_old_logprobs`.
             vllm: under `args.use_vllm`, builds the engine (`vllm.trl_engine`); None: TRL's own.
             **kwargs: passed to `GRPOTrainer` (e.g. `processing_class`, `callbacks`).
 
@@ -154,77 +146,25 @@ class FlowGRPOTrainer(GRPOTrainer):
                 one step takes.
 
         """
-        flow_config = args if isinstance(args, FlowGRPOConfig) else None
-        handle: ModelHandle | None = None
-        if source is None:
-            args = args if args is not None else FlowGRPOConfig()
-            if isinstance(args, FlowGRPOConfig) and (args.benchmark or args.data):
-                raise ValueError(
-                    "args names a benchmark or data file and train_dataset is given; the "
-                    "questions come from one of them: drop benchmark/data from args"
-                )
-            parts = trl_parts(
-                model,
-                reward_funcs,
-                cast(FlowGRPOConfig, args),
-                train_dataset,
-                processing_class=kwargs.pop("processing_class", None),
-                engine=engine,
-                tools=tools,
-                prompts=prompts,
-                graph_factory=graph_factory,
-            )
-            flow_config = cast(FlowGRPOConfig, args)
-            model, source, handle = parts.model, parts.source, parts.handle
-            kwargs["processing_class"] = parts.tokenizer
-            self.flow_parts: TRLParts | None = parts
-        else:
-            given = [
-                n
-                for n, v in (
-                    ("reward_funcs", reward_funcs),
-                    ("train_dataset", train_dataset),
-                    ("engine", engine),
-                    ("tools", tools),
-                    ("prompts", prompts),
-                    ("graph_factory", graph_factory),
-                )
-                if v is not None
-            ]
-            if given or args is None:
-                raise ValueError(
-                    f"a source takes args and no {', '.join(given) or 'other parts'}: its "
-                    "graph and rewards are built already; give reward_funcs and "
-                    "train_dataset without a source for TRL's shape"
-                    if given
-                    else "args is required with a source"
-                )
-            self.flow_parts = None
-        if flow_config is not None:
-            context = context or flow_config.context()
-            mode = mode or flow_config.mode
-            if drop_zero_variance is None:
-                drop_zero_variance = flow_config.drop_zero_variance
-            if step_credit is None and flow_config.step_credit_weight:
-                step_credit = StepCredit(
-                    flow_config.step_credit_weight, flow_config.step_credit_gamma
-                )
-        mode, drop_zero_variance = mode or "paper", bool(drop_zero_variance)
-        assert args is not None  # given with a source, a FlowGRPOConfig() without
+        model, args, source, self.flow_parts = resolve_source(
+            model, reward_funcs, args, train_dataset, source, kwargs, engine=engine,
+            tools=tools, prompts=prompts, graph_factory=graph_factory,
+        )  # fmt: skip
+        context, mode, drop_zero_variance, step_credit, recompute = flow_defaults(
+            args, context, mode, drop_zero_variance, step_credit, recompute_old_logprobs
+        )
         self.flow_context = context or context_from(args)
         questions = source.questions()
         check_settings(args, self.flow_context, len(questions), offline=isinstance(source, Replay))
         self.source = source
         self.nodes = nodes
-        self.model_handle: ModelHandle | None = handle
+        parts = self.flow_parts
+        self.model_handle: ModelHandle | None = parts.handle if parts is not None else None
         """The handle every policy over the trained model shares (TRL's shape, `online`)."""
         self.server: ServerGeneration | None = None
         """Set by `online`: the planner samples on a vLLM server, the adapter pushed to it."""
         check_mode(mode)
         self.mode, self.drop_zero_variance, self.step_credit = mode, drop_zero_variance, step_credit
-        recompute = recompute_old_logprobs
-        if recompute is None:  # a FlowGRPOConfig's field; off for a plain GRPOConfig
-            recompute = bool(getattr(args, "recompute_old_logprobs", False))
         self.recompute_old_logprobs = recompute
         reference = frozen_reference(model, args.beta)  # before TRL patches it; as loaded
         upcast_trainable(model)  # fp32 master weights; bf16=True autocasts the compute
