@@ -12,11 +12,13 @@ result, and links nothing that does not exist.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from flowlearn.files import JsonlFile, write_atomically
 from flowlearn.training.trajectories import DROPPED, Trajectory
@@ -251,3 +253,52 @@ def model_card(base_model: str | None, run: str, steps: int, trained: str | None
             "",
         ]
     )
+
+
+def readable_logs(logs: dict[str, Any]) -> dict[str, Any]:
+    """Return a step's logs for the console: numbers stay numbers (4 significant digits).
+
+    transformers prints each float as a string (`'loss': '0.1234'`); a log a user copies into
+    Python or greps for a value should read as numbers.
+    """
+    shown = {}
+    for key, value in logs.items():
+        if key == "total_flos":
+            continue
+        if isinstance(value, float) and math.isfinite(value):
+            value = float(f"{value:.4g}")
+        shown[key] = int(value) if isinstance(value, float) and value.is_integer() else value
+    return shown
+
+
+class NumericProgressCallback(ProgressCallback):
+    """transformers' progress bar, with each step's logs written as numbers."""
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        """Write the step's logs under the bar."""
+        if state.is_world_process_zero and self.training_bar is not None and logs:
+            self.training_bar.write(str(readable_logs(logs)))
+
+
+class NumericPrinterCallback(PrinterCallback):
+    """transformers' log printer (under `disable_tqdm`), with numbers as numbers."""
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        """Print the step's logs."""
+        if state.is_local_process_zero and logs:
+            print(readable_logs(logs))
+
+
+def numeric_log_callbacks(trainer: Any) -> None:
+    """Swap transformers' console log callbacks on `trainer` for ones that print numbers."""
+    for stock, ours in (
+        (ProgressCallback, NumericProgressCallback),
+        (PrinterCallback, NumericPrinterCallback),
+    ):
+        if any(type(c) is stock for c in trainer.callback_handler.callbacks):
+            trainer.remove_callback(stock)
+            trainer.add_callback(ours)

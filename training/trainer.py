@@ -46,7 +46,13 @@ from flowlearn.nodes.schema.context import Context
 from flowlearn.training.batches import Batching, chunked_loss, next_piece, step_tensors
 from flowlearn.training.config import check_settings, context_from, flow_defaults
 from flowlearn.training.from_trl import resolve_source
-from flowlearn.training.metrics import FlowMetricsCallback, flow_metrics, model_card, read_metrics
+from flowlearn.training.metrics import (
+    FlowMetricsCallback,
+    flow_metrics,
+    model_card,
+    numeric_log_callbacks,
+    read_metrics,
+)
 from flowlearn.training.model import (
     frozen_reference,
     install_reference,
@@ -187,6 +193,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.rollout_ended: float | None = None
         self.group_rewards: dict[str, float] = {}
         self.add_callback(FlowMetricsCallback(self))
+        numeric_log_callbacks(self)  # the console's logs read as numbers, not strings
 
     @classmethod
     def online(

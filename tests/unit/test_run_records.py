@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from flowlearn.training.metrics import model_card, plot_reward_curve, reward_figure
+from flowlearn.training.metrics import model_card, plot_reward_curve, readable_logs, reward_figure
 
 
 def records() -> list[dict]:
@@ -71,3 +71,20 @@ def test_the_model_card_names_the_base_and_method_and_links_nothing_made_up(
     assert "huggingface.co" not in card and "None" not in card
     local = model_card(str(tmp_path), "train", 2)
     assert "base_model:" not in local and f"`{tmp_path}`" in local  # a folder is no hub id
+
+
+def test_console_logs_read_as_numbers() -> None:
+    shown = readable_logs(
+        {
+            "loss": 0.123456789,
+            "epoch": 2.0,
+            "flow/mean_reward": -0.5,
+            "total_flos": 1e12,
+            "kl": float("nan"),
+            "note": "x",
+        }
+    )
+    assert shown["loss"] == 0.1235 and shown["epoch"] == 2 and isinstance(shown["epoch"], int)
+    assert shown["flow/mean_reward"] == -0.5 and "total_flos" not in shown
+    assert shown["note"] == "x" and shown["kl"] != shown["kl"]  # NaN stays a (NaN) number
+    assert "'loss': 0.1235" in str(shown)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,10 @@ def test_one_step_from_a_model_path_reward_funcs_and_a_dataset(
     assert trainer.flow_parts.engine_name == str(tiny_model_dir)  # a frozen copy of the base
     trainer.train()
     assert trainer.state.global_step == 1
-    assert "rollouts: 100%" in capsys.readouterr().err  # the step's rollouts show progress
+    printed = capsys.readouterr()
+    assert "rollouts: 100%" in printed.err  # the step's rollouts show progress
+    assert re.search(r"'loss': -?\d", printed.out + printed.err)  # logs as numbers
+    assert not re.search(r"'loss': '", printed.out + printed.err)
     records = read_metrics(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1] and math.isfinite(records[0]["loss"])
     assert len(seen) == 4  # 2 questions x G=2, one call per rollout
