@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, cast
 
 from trl.scripts.utils import TrlParser
@@ -357,4 +358,25 @@ def parse_config(argv: Sequence[str] = ()) -> FlowGRPOConfig:
         for quoted in str(exc).split("'")[1::2] if exc.argument_name == "--mode" else ():
             refuse_renamed_mode(quoted)  # "invalid choice: 'official' (choose from ...)"
         raise ValueError(str(exc)) from None
+    if "--config" in argv[:-1]:
+        resolve_file_paths(config, Path(argv[argv.index("--config") + 1]), argv)
     return cast(FlowGRPOConfig, config)
+
+
+CONFIG_RELATIVE = ("data", "corpus", "trajectories")
+"""Config keys naming files: in a config file, relative to that file (as a flag, to the
+working directory), so a config runs the same from any folder."""
+
+
+def resolve_file_paths(config: Any, path: Path, argv: Sequence[str]) -> None:
+    """Resolve each `CONFIG_RELATIVE` value the config file gave against the file's folder."""
+    import yaml
+
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    for key in CONFIG_RELATIVE:
+        spellings = {f"--{key}", f"--{key.replace('_', '-')}"}
+        flagged = any(a in spellings or a.split("=")[0] in spellings for a in argv)
+        value = getattr(config, key)
+        if flagged or key not in loaded or not value or Path(str(value)).is_absolute():
+            continue
+        setattr(config, key, str(path.parent / str(value)))

@@ -34,7 +34,7 @@ SMALL = [
 def test_learn_tools_recipe_smoke_two_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(RECIPE.parents[1])  # the recipe names its data relative to the repo
+    monkeypatch.chdir(RECIPE.parents[1])  # output_dir is relative to the working folder
     out = tmp_path / "learn"
     assert main(["train", "--config", str(RECIPE), *SMALL, "--output-dir", str(out)]) == 0
     assert f"final policy: {out / 'final'}" in capsys.readouterr().out

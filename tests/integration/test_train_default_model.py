@@ -23,7 +23,7 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "train.yaml"
 def test_example_config_trains_and_the_result_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(EXAMPLE.parents[1])  # the config names its data relative to the repo
+    monkeypatch.chdir(EXAMPLE.parents[1])  # output_dir is relative to the working folder
     out = tmp_path / "train"
     assert main(["train", "--config", str(EXAMPLE), "--output-dir", str(out)]) == 0
     assert f"final policy: {out / 'final'}" in capsys.readouterr().out

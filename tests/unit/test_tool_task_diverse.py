@@ -84,7 +84,7 @@ def test_answers_are_right_and_every_lookup_finds_its_passage_first() -> None:
 def test_its_recipe_is_the_shipped_planners_with_only_the_data_changed() -> None:
     from flowlearn.training.config import parse_config
 
-    root = Path(__file__).parents[2]  # the recipes name their files from the repo root
+    root = Path(__file__).parents[2]  # the recipes name their files relative to themselves
     shipped = vars(parse_config(["--config", str(root / "examples" / "learn_tools.yaml")]))
     diverse = vars(
         parse_config(["--config", str(root / "research/default-planner/learn_tools_diverse.yaml")])

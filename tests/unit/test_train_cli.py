@@ -261,3 +261,19 @@ def test_the_live_planner_and_the_frozen_base_share_one_model_lock(
     )
     trainer.rollout((parts.cases or [])[:1])
     assert trainer.model_handle is parts.handle
+
+
+def test_a_config_files_data_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "c.yaml").write_text(
+        f"data: cases.jsonl\ncorpus: ../corpus.jsonl\ntrajectories: null\n"
+        f"output_dir: {tmp_path / 'out'}\n"
+    )
+    config = parse_config(["--config", str(folder / "c.yaml")])
+    assert Path(config.data) == folder / "cases.jsonl"
+    assert Path(config.corpus) == folder / ".." / "corpus.jsonl"
+    flags = parse_config(["--config", str(folder / "c.yaml"), "--data", "mine.jsonl"])
+    assert flags.data == "mine.jsonl"  # a flag is relative to the working folder, as typed
+    (folder / "abs.yaml").write_text(f"data: {tmp_path / 'x.jsonl'}\n")
+    assert parse_config(["--config", str(folder / "abs.yaml")]).data == str(tmp_path / "x.jsonl")
