@@ -1,4 +1,4 @@
-"""Give the flow to a ReAct agent as a tool.
+"""Give the flow to a LangChain agent (`langchain.agents.create_agent`) as a tool.
 
 Run: `python examples/as_tool.py`. The outer agent's model here is scripted to call the tool
 once and then answer; any tool-calling chat model works the same way.
@@ -10,22 +10,22 @@ from typing import Any
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
-from langgraph.prebuilt import create_react_agent
+from langchain.agents import create_agent
 from scripted_models import scripted_flow
 
 from flowlearn.graphs import as_tool
 
 
 class ToolCallingFake(GenericFakeChatModel):
-    """GenericFakeChatModel that accepts bind_tools, as create_react_agent requires."""
+    """GenericFakeChatModel that accepts bind_tools, as create_agent requires."""
 
     def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
         return self
 
 
 def build_agent(model: Any, flow: Any) -> Any:
-    """A ReAct agent whose only tool is the whole AgentFlow flow."""
-    return create_react_agent(model, [as_tool(flow, name="agentflow")])
+    """A LangChain agent whose only tool is the whole AgentFlow flow."""
+    return create_agent(model, [as_tool(flow, name="agentflow")])
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ def scripted_flow(**kwargs: Any) -> Any:
     planner = FakeListChatModel(responses=["Sub-Goal: multiply 17 by 23\nTool Name: multiply"])
     engine = FakeListChatModel(
         responses=[
+            "The question asks for a product of two integers; multiply computes it.",  # analysis
             '{"a": 17, "b": 23}',  # executor arguments
             "The product is known.\nConclusion: STOP",  # verifier
             "17 * 23 = 391. <answer>391</answer>",  # generator

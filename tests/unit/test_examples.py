@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.graphs import Context
 
@@ -38,3 +40,23 @@ def test_example_script_runs() -> None:
         check=True,
     ).stdout
     assert "answer: 391 | termination: max_turns" in out
+
+
+@pytest.mark.parametrize(
+    ("script", "line"),
+    [
+        ("as_tool.py", "tool: 391"),
+        ("parent_graph.py", "The answer is 391."),
+        ("async_stream.py", "answer: 391"),
+    ],
+)
+def test_every_example_script_answers_as_its_docstring_says(script: str, line: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert line in done.stdout, done.stdout
+    assert "Deprecat" not in done.stderr, done.stderr  # current APIs only
