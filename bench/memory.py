@@ -10,12 +10,14 @@ in a fresh subprocess of this script, one after the other:
 Prints each arm's peak RSS, what it adds over the floor and the flow/stock ratio; writes
 bench/results/memory.json. Peak GPU memory is reported by `bench/gpu_train.py`.
 
-`python bench/memory.py --micro 8,32 [--per-device 4]` measures micro-batching instead: one
-`FlowGRPOTrainer` update (`train()` for one step, AdamW) of 8 and of 32 one-turn rows, each
-with all rows in one pass (per_device_train_batch_size = rows, as before micro-batching) and
-with a fixed per-device batch (steps_per_generation = gradient_accumulation_steps = rows /
-per-device). The update's own peak is the process's peak RSS during `train()` (its high-water
-mark reset just before) less the RSS before it; writes bench/results/memory.txt.
+`python bench/memory.py --micro 8,32 [--per-device 4] [--steps 3]` measures micro-batching
+instead: `--steps` `FlowGRPOTrainer` updates (AdamW) of 8 and of 32 one-turn rows, each with all
+rows in one pass (per_device_train_batch_size = rows) and with a fixed per-device batch
+(steps_per_generation = gradient_accumulation_steps = rows / per-device). The updates' peak is
+the process's peak RSS during `train()` (its high-water mark reset just before) less the RSS
+before it; the time is the mean of the updates after the first (a warm-up), so steady state.
+Each micro-batched arm is set against the one-pass arm of its rows (time and memory ratios);
+writes bench/results/memory.txt and memory_micro.json.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results" / "memory.json"
@@ -45,9 +48,16 @@ def rss_mib(field: str) -> int:
     return round(int(re.search(rf"{field}:\s+(\d+)", status).group(1)) / 1024)  # type: ignore[union-attr]
 
 
-def micro_arm(rows: int, per_device: int, args: argparse.Namespace) -> dict[str, int]:
-    """Run one update of `rows` one-turn rows, `per_device` rows a pass; return its memory."""
+def micro_arm(rows: int, per_device: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Run `args.steps` updates of `rows` one-turn rows, `per_device` rows a pass.
+
+    Returns the peak memory over all updates and each update's seconds; the first is a
+    warm-up, so the steady-state time is the mean of the later ones.
+    """
     sys.path.insert(0, str(HERE))
+    import time
+
+    from transformers import TrainerCallback
     from trl import GRPOConfig
     from update import groups
 
@@ -64,7 +74,7 @@ def micro_arm(rows: int, per_device: int, args: argparse.Namespace) -> dict[str,
         steps_per_generation=steps,
         gradient_accumulation_steps=steps,
         num_generations=args.group,
-        max_steps=1,
+        max_steps=args.steps,
         learning_rate=1e-6,
         temperature=1.0,
         loss_type="dapo",
@@ -83,25 +93,48 @@ def micro_arm(rows: int, per_device: int, args: argparse.Namespace) -> dict[str,
         context=Context(planner_temperature=1.0),
         processing_class=tokenizer,
     )
+    seconds: list[float] = []
+
+    class StepTimer(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            seconds.append(time.perf_counter() - self.start)
+
+    trainer.add_callback(StepTimer())
     floor = rss_mib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the RSS now
     trainer.train()
     peak = rss_mib("VmHWM")
-    return {"rows": rows, "per_device": per_device, "floor": floor, "update": peak - floor}
+    steady = seconds[1:] or seconds
+    return {
+        "rows": rows,
+        "per_device": per_device,
+        "floor": floor,
+        "update": peak - floor,
+        "seconds": seconds,
+        "steady_seconds": sum(steady) / len(steady),
+    }
 
 
 def micro(args: argparse.Namespace) -> None:
     """Measure each row count with one pass and with a fixed per-device batch; write a table."""
     lines = [
-        f"One FlowGRPOTrainer update on CPU, {args.planner or 'SmolLM2-135M'}, one-turn rows of "
+        f"FlowGRPOTrainer updates on CPU, {args.planner or 'SmolLM2-135M'}, one-turn rows of "
         f"{args.prompt} prompt + {args.completion} completion tokens, AdamW, fp32.",
-        "update MiB = peak RSS during train() - RSS before it (each in a fresh process)",
+        "update MiB = peak RSS during train() - RSS before it (each arm in a fresh process);",
+        f"s/update = mean of updates 2..{args.steps} (the first warms up); x one pass = the "
+        "micro-batched arm's time and memory over the one-pass arm's",
         "",
-        f"{'rows':>5} {'per-device':>10} {'micro-steps':>11} {'update MiB':>10}",
+        f"{'rows':>5} {'per-device':>10} {'micro-steps':>11} {'update MiB':>10} "
+        f"{'s/update':>9} {'time x':>7} {'MiB x':>6}",
     ]
+    results = []
     for rows in [int(r) for r in args.micro.split(",")]:
         for per_device in sorted({rows, args.per_device}, reverse=True):
-            passed = [f"--{n}={getattr(args, n)}" for n in ("group", "prompt", "completion")]
+            names = ("group", "prompt", "completion", "steps")
+            passed = [f"--{n}={getattr(args, n)}" for n in names]
             passed += [f"--planner={args.planner}"] if args.planner else []
             child = subprocess.run(
                 [sys.executable, __file__, *passed, f"--micro-arm={rows},{per_device}"],
@@ -111,12 +144,18 @@ def micro(args: argparse.Namespace) -> None:
             if child.returncode != 0:
                 sys.exit(f"rows {rows} per-device {per_device} failed:\n{child.stderr[-3000:]}")
             got = json.loads(child.stdout.strip().splitlines()[-1])
+            results.append(got)
+            one_pass = next(r for r in results if r["rows"] == rows)  # run first: per_device rows
             lines.append(
-                f"{rows:>5} {per_device:>10} {rows // per_device:>11} {got['update']:>10,}"
+                f"{rows:>5} {per_device:>10} {rows // per_device:>11} {got['update']:>10,} "
+                f"{got['steady_seconds']:>9.2f} "
+                f"{got['steady_seconds'] / one_pass['steady_seconds']:>7.2f} "
+                f"{got['update'] / max(one_pass['update'], 1):>6.2f}"
             )
             print(lines[-1], flush=True)
     MICRO_RESULTS.parent.mkdir(parents=True, exist_ok=True)
     MICRO_RESULTS.write_text("\n".join(lines) + "\n")
+    MICRO_RESULTS.with_name("memory_micro.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\n".join(lines))
 
 
@@ -189,6 +228,9 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS), help="which arms, comma-separated")
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # one arm, in a child
     parser.add_argument("--micro", help="row counts for the micro-batching table, e.g. 8,32")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="micro table: updates per arm, the first a warm-up"
+    )
     parser.add_argument("--per-device", type=int, default=4, help="fixed per-device batch")
     parser.add_argument("--micro-arm", help=argparse.SUPPRESS)  # "rows,per_device", in a child
     args = parser.parse_args()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
-from langchain.agents import create_agent
 from scripted_models import scripted_flow
 
 from flowlearn.graphs import as_tool
