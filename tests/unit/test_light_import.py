@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "transformers", "trl", "peft", "datasets")
+HEAVY = ("torch", "transformers", "trl", "peft", "datasets", "langchain_community", "rank_bm25")
 
 
 @pytest.mark.parametrize(
