@@ -142,7 +142,10 @@ def micro(args: argparse.Namespace) -> None:
                 text=True,
             )
             if child.returncode != 0:
-                sys.exit(f"rows {rows} per-device {per_device} failed:\n{child.stderr[-3000:]}")
+                sys.exit(
+                    f"rows {rows} per-device {per_device} failed ({child.returncode}):\n"
+                    f"{child.stderr[-3000:]}"
+                )
             got = json.loads(child.stdout.strip().splitlines()[-1])
             results.append(got)
             one_pass = next(r for r in results if r["rows"] == rows)  # run first: per_device rows
