@@ -22,10 +22,11 @@ from langchain_core.tools import tool
 from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.cli import main
 from flowlearn.compose import Flow, FlowSpec, run_settings
+from flowlearn.engine.loading import parameter_count
 from flowlearn.evals import Case, CaseResult, run_eval, write_reports
 from flowlearn.evals.benchmarks import score_case
 from flowlearn.evals.harness import read_results
-from flowlearn.evals.reports import report_figure
+from flowlearn.evals.reports import count_label, report_figure
 from flowlearn.graphs import Context, build_agentflow
 
 
@@ -261,10 +262,42 @@ def test_eval_cli_with_tiny_model(
         ]
     )
     assert status == 0
-    assert "gameof24: accuracy" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "gameof24: accuracy" in out
     summary = json.loads((tmp_path / "report.json").read_text())
     assert summary["cases"] == 3 and summary["paper_accuracy"] == 53.0
     assert (tmp_path / "report.png").exists() and (tmp_path / "report.md").exists()
+    # what ran is the folder's own record and the line eval printed, not a second account
+    marker = json.loads((tmp_path / "flowlearn-run.json").read_text())
+    assert summary["settings"] == marker["settings"]
+    assert summary["settings"]["planner"] == str(tiny_model_dir)
+    line = out.splitlines()[0]
+    assert line.startswith("prompts: ") and summary["settings_line"] == line
+    size = parameter_count(tiny_model_dir)
+    assert summary["parameters"] == {"planner": size, "engine": size}
+    assert summary["paper_setup"]["model"] == "Qwen2.5-7B-Instruct"
+    markdown = (tmp_path / "report.md").read_text()
+    assert f"| planner | `{tiny_model_dir} ({count_label(size)} parameters)` |" in markdown
+    assert "| engine | `the planner's model, untrained (" in markdown
+    assert "| data | benchmark gameof24, first 3 cases | gameof24, the published test set |" in (
+        markdown
+    )
+    assert "| scorer | game24 | GPT-4o judge |" in markdown
+    assert "| max turns | 1 | 10 |" in markdown
+    assert f"Settings: `{line}`" in markdown
+    assert "published results, not this run" in markdown
+    figure = report_figure(summary, read_results(tmp_path / "results.jsonl"))
+    try:
+        ticks = [t.get_text() for t in figure.axes[0].get_xticklabels()]
+        assert ticks[0] == (
+            f"this run\n{tiny_model_dir.parent.name}/\n{tiny_model_dir.name}\n({count_label(size)})"
+        )
+        assert ticks[1:] == [
+            "paper: AgentFlow 7B,\nuntrained\n(Qwen2.5-7B-Instruct)",
+            "paper: AgentFlow 7B,\nFlow-GRPO\n(Qwen2.5-7B-Instruct)",
+        ]
+    finally:
+        plt.close(figure)
 
 
 def test_token_f1_is_reachable_from_eval_collect_and_training(
@@ -282,6 +315,9 @@ def test_token_f1_is_reachable_from_eval_collect_and_training(
     assert main(["eval", *small, "--out", str(tmp_path / "eval"), "--save", str(states)]) == 0
     (result,) = read_results(tmp_path / "eval" / "results.jsonl")
     assert result.reason.startswith("F1 ")
+    markdown = (tmp_path / "eval" / "report.md").read_text()  # a file of cases: no paper
+    assert "| data | file cases.jsonl sha256:" in markdown and "| scorer | token_f1 |" in markdown
+    assert "paper" not in markdown
     (state,) = map(json.loads, states.read_text().splitlines())  # --save: the final state
     assert state["id"] == "1" and state["score"] == result.score and state["transitions"]
     store = tmp_path / "rollouts.jsonl"
