@@ -300,6 +300,20 @@ def test_eval_cli_with_tiny_model(
         plt.close(figure)
 
 
+def test_model_sizes_come_from_configs_and_are_unknown_for_a_served_model(
+    tiny_model_dir: Path,
+) -> None:
+    from flowlearn.compose import model_sizes
+
+    size = parameter_count(tiny_model_dir)
+    url = "http://127.0.0.1:9/v1"  # never called: sizes are read before anything is
+    assert model_sizes(FlowSpec(planner=str(tiny_model_dir))) == {"planner": size, "engine": size}
+    served = FlowSpec(planner="m", planner_url=url, engine=str(tiny_model_dir))
+    assert model_sizes(served) == {"planner": None, "engine": size}
+    both = FlowSpec(planner="m", planner_url=url, engine="e", engine_url=url)
+    assert model_sizes(both) == {"planner": None, "engine": None}
+
+
 def test_token_f1_is_reachable_from_eval_collect_and_training(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
