@@ -41,7 +41,7 @@ class PaperSetup:
 
     source: str = "AgentFlow paper (arXiv 2510.05592)"
     model: str = "Qwen2.5-7B-Instruct"
-    """The backbone of every module; the planner is the one Flow-GRPO trains."""
+    """The backbone the paper names; its planner is the module Flow-GRPO trains."""
     size: str = "7B"
     judge: str = "GPT-4o"
     max_turns: int = 10

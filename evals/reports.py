@@ -154,8 +154,8 @@ def run_data(summary: Mapping[str, Any]) -> str:
     """Name the data this run scored: the benchmark or file, and how many of its cases."""
     settings = summary.get("settings") or {}
     source = settings.get("data") or (summary["benchmark"] or "cases")
-    limit = settings.get("limit")
-    return f"{source}, first {limit} cases" if limit else f"{source}, {summary['cases']} cases"
+    which = "first" if settings.get("limit") else "all"
+    return f"{source}, {which} {summary['cases']} cases"
 
 
 def what_ran(summary: Mapping[str, Any]) -> list[str]:
@@ -175,7 +175,7 @@ def what_ran(summary: Mapping[str, Any]) -> list[str]:
         return ["| | this run |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
     paper = [
         f"{setup.model} ({setup.size}), trained with Flow-GRPO / untrained",
-        f"{setup.model} ({setup.size}), the backbone of every module",
+        f"{setup.model} ({setup.size}), the paper's backbone",
         f"{summary['benchmark']}, the published test set",
         f"{setup.judge} judge",
         str(setup.max_turns),

@@ -129,7 +129,7 @@ def test_the_report_names_both_models_compared_and_labels_the_paper_figures(
         f"| planner | `{planner} (135M parameters)` | Qwen2.5-7B-Instruct (7B), trained with "
         "Flow-GRPO / untrained |",
         "| engine | `the planner's model, untrained (135M parameters)` | Qwen2.5-7B-Instruct (7B), "
-        "the backbone of every module |",
+        "the paper's backbone |",
         "| data | benchmark bamboogle, first 9 cases | bamboogle, the published test set |",
         "| scorer | exact_match | GPT-4o judge |",
         "| max turns | 3 | 10 |",
