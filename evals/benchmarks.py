@@ -26,8 +26,47 @@ class Benchmark:
     """File name in the benchmarks folder; None for gated sets loaded from the hub."""
     hub_id: str | None = None
     paper: float | None = None
-    """AgentFlow + Flow-GRPO accuracy (%) in the paper (Qwen2.5-7B, GPT-4o judge)."""
+    """AgentFlow + Flow-GRPO accuracy (%) in the paper, under `PAPER_SETUP`."""
     paper_untrained: float | None = None
+    """The same flow with its planner untrained, in the paper."""
+
+
+@dataclass(frozen=True)
+class PaperSetup:
+    """What the paper's figures (`Benchmark.paper`, `paper_untrained`) were measured with.
+
+    From the paper's tables as `data/SOURCE.md` lists them; a report names these beside its
+    own models and settings, since the figures are the paper's, not a run's.
+    """
+
+    source: str = "AgentFlow paper (arXiv 2510.05592)"
+    model: str = "Qwen2.5-7B-Instruct"
+    """The backbone the paper names; its planner is the module Flow-GRPO trains."""
+    size: str = "7B"
+    judge: str = "GPT-4o"
+    max_turns: int = 10
+    trials: int = 3
+    """Each figure is the mean of this many trials."""
+
+    @property
+    def name(self) -> str:
+        """Name the paper's flow and its model size: "paper: AgentFlow 7B"."""
+        return f"paper: AgentFlow {self.size}"
+
+    def label(self, trained: bool) -> str:
+        """Name one of the paper's figures: its flow, model size and planner training."""
+        return f"{self.name}, {'Flow-GRPO' if trained else 'untrained'}"
+
+    def caption(self) -> str:
+        """Say whose figures these are and how they were measured: not this run's."""
+        return (
+            f"Paper figures: {self.source}, {self.model} backbone ({self.size}), "
+            f"{self.judge} judge, {self.max_turns} turns, mean of {self.trials} trials; "
+            "published results, not this run"
+        )
+
+
+PAPER_SETUP = PaperSetup()
 
 
 BENCHMARKS = {

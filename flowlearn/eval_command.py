@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flowlearn.compose import build_flow, load_work, run_settings
+from flowlearn.compose import build_flow, load_work, model_sizes, run_settings
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.harness import run_eval
@@ -79,7 +79,7 @@ def eval_command(args: argparse.Namespace) -> int:
         limit=args.limit,
         judge=args.judge,
     )
-    claim_folder(out, "eval", settings, free_to_change=("limit",))
+    marker = claim_folder(out, "eval", settings, free_to_change=("limit",))
     flow = build_flow(spec, context)
     print(flow.settings())
     results = run_eval(
@@ -97,6 +97,9 @@ def eval_command(args: argparse.Namespace) -> int:
         benchmark=name,
         paper=bench.paper if bench else None,
         paper_untrained=bench.paper_untrained if bench else None,
+        settings=marker["settings"] if marker else settings,  # as the folder records them
+        settings_line=flow.settings(),
+        parameters=model_sizes(spec),
     )
     low, high = summary["accuracy_ci95"]
     print(

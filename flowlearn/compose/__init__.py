@@ -8,7 +8,14 @@ and training all build their parts here: the names (`names`), the models, local 
 (`training`).
 """
 
-from flowlearn.compose.flows import Flow, build_flow, build_tools, load_work, run_settings
+from flowlearn.compose.flows import (
+    Flow,
+    build_flow,
+    build_tools,
+    load_work,
+    model_sizes,
+    run_settings,
+)
 from flowlearn.compose.models import (
     LocalModels,
     ServedNameError,
@@ -50,6 +57,7 @@ __all__ = [
     "load_local_models",
     "load_parts",
     "load_work",
+    "model_sizes",
     "run_settings",
     "served_tokenizer",
     "server_engine",

@@ -17,10 +17,13 @@ from langgraph.graph.state import CompiledStateGraph
 from flowlearn.compose.models import load_chat_model, load_parts
 from flowlearn.compose.names import FlowSpec, check_names
 from flowlearn.engine import (
+    BASE_SOURCE,
     HFChatModel,
     ModelNotFoundError,
     Policy,
+    untrained_twin,
 )
+from flowlearn.engine.loading import parameter_count
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
 from flowlearn.evals.cases import Case
@@ -192,3 +195,26 @@ def run_settings(
         "max_seconds": context.max_seconds,
         **{key: value for key, value in context.planner_sampling().as_dict().items()},
     }
+
+
+def model_sizes(spec: FlowSpec) -> dict[str, int | None]:
+    """Return the parameter counts of the planner and the engine `load_parts` loads.
+
+    Read from the models' configs (no weights load), for a report to say how large the
+    models it names are. A served model, or one whose config does not say, is None: a size
+    is a label, never a reason for an eval whose models loaded to fail.
+    """
+    engine = spec.engine_choice()[0]
+    sources = {
+        "planner": None if spec.planner_url else spec.planner,
+        "engine": None
+        if spec.engine_url
+        else engine or (BASE_SOURCE if spec.planner_url else untrained_twin(spec.planner)),
+    }
+    sizes: dict[str, int | None] = {}
+    for role, source in sources.items():
+        try:
+            sizes[role] = parameter_count(source, spec.cache_dir) if source else None
+        except (ModelNotFoundError, OSError, ValueError):
+            sizes[role] = None
+    return sizes
