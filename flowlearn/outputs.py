@@ -12,8 +12,9 @@ Why it looks like this:
    is refused with the difference named, so a report never counts another run's results.
 3. The marker is created with `link(2)` from a finished temporary file: it appears whole, and
    only once when several processes of one job (`accelerate launch`) claim the folder at once.
-   Another process's temporary marker (`.flowlearn-run.json.*.tmp`) does not make the folder
-   "not empty": two ranks of one job once refused each other's folder in that window.
+   Another process's temporary marker (`.flowlearn-run.json.*.tmp`), or its marker appearing
+   between the first look and the listing, does not make the folder "not empty": two ranks of
+   one job once refused each other's folder in those windows.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def claim_folder(
     marker = read_marker(marker_path)
     if marker is None:
         entries = sorted(
-            p.name for p in (folder.iterdir() if folder.is_dir() else ()) if not _pending(p.name)
+            p.name
+            for p in (folder.iterdir() if folder.is_dir() else ())
+            if not _pending(p.name) and p.name != MARKER  # another process's, just made
         )
         if entries and not any(name in adopt for name in entries):
             shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
@@ -118,6 +121,8 @@ def claim_folder(
                 f"{command} (no {MARKER}); give a new folder (nothing in it is deleted or "
                 "overwritten)"
             )
+        marker = read_marker(marker_path)  # made by another process of the job meanwhile
+    if marker is None:
         if not create:
             return None
         folder.mkdir(parents=True, exist_ok=True)

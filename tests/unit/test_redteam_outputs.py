@@ -122,8 +122,8 @@ def test_processes_of_one_job_claiming_a_folder_at_once_all_get_one_marker(
     """Ranks of one `accelerate launch` job check and claim the same folder at the same time."""
     import multiprocessing
 
-    context = multiprocessing.get_context("spawn")
-    for attempt in range(4):
+    context = multiprocessing.get_context("fork")  # fast to start, so the claims overlap
+    for attempt in range(20):
         folder = tmp_path / f"out{attempt}"
         start, results = context.Barrier(6), context.Queue()
         workers = [
