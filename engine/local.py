@@ -12,8 +12,9 @@ import contextlib
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from flowlearn.engine.loading import load_model_and_tokenizer
 from flowlearn.engine.sampling import Generation, Messages, Sampling
@@ -218,8 +219,47 @@ class FrozenBasePolicy(HFPolicy):
         self._bind(policy.handle, f"{policy.version}:base", policy.context_window)
 
     def forward_scope(self) -> contextlib.AbstractContextManager[Any]:
-        """Switch the adapter off (the caller holds the handle's lock)."""
-        return cast("contextlib.AbstractContextManager[Any]", self.model.disable_adapter())
+        """Switch every adapter off (the caller holds the handle's lock)."""
+        return adapters_off(self.model)
+
+
+_TUNED: weakref.WeakKeyDictionary[Any, tuple[list[Any], list[Any]]] = weakref.WeakKeyDictionary()
+"""Each PEFT model's tuner layers and adapter weights, found once (a walk over every module
+costs milliseconds, and an adapter switch happens at every decode step)."""
+
+
+def tuned_parts(model: Any) -> tuple[list[Any], list[Any]]:
+    """Return the PEFT tuner layers of `model` and its adapter weights (cached per model)."""
+    found = _TUNED.get(model)
+    if found is None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+        weights = [p for layer in layers for n, p in layer.named_parameters() if "lora_" in n]
+        found = _TUNED[model] = (layers, weights)
+    return found
+
+
+@contextlib.contextmanager
+def trainability_kept(model: Any) -> Iterator[None]:
+    """Run the block, then give every adapter weight its `requires_grad` back.
+
+    PEFT's adapter switches (`set_adapter`, leaving `disable_adapter`) leave only the active
+    adapter trainable; a model training several adapters with one optimizer must keep them all.
+    """
+    flags = [(p, p.requires_grad) for p in tuned_parts(model)[1]]
+    try:
+        yield
+    finally:
+        for parameter, trainable in flags:
+            parameter.requires_grad_(trainable)
+
+
+@contextlib.contextmanager
+def adapters_off(model: Any) -> Iterator[None]:
+    """Run the block with every adapter of a PEFT model off, their trainability kept."""
+    with trainability_kept(model), model.disable_adapter():
+        yield
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Messages) -> list[int]:

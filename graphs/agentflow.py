@@ -52,6 +52,7 @@ def build_agentflow(
     name: str = "agentflow",
     retry_policy: RetryPolicy | None = ENGINE_RETRY,
     output_schema: type[Any] = State,
+    verifier_policy: Policy | None = None,
 ) -> CompiledStateGraph[State, Context, InputState, Any]:
     """Compile the four-agent AgentFlow graph.
 
@@ -71,6 +72,8 @@ def build_agentflow(
         output_schema: What `invoke` and API clients get: the whole `State` (default;
             training reads its transitions), or `OutputState` (question, answer, termination,
             turns, memory; no token ids), as the LangGraph server's graph uses.
+        verifier_policy: A trained verifier (its own adapter, `engine.adapters.AdapterPolicy`):
+            its calls go through this policy and record their tokens; None: the engine judges.
 
     Raises:
         ValueError: no tools, or two tools with the same name.
@@ -93,7 +96,8 @@ def build_agentflow(
     )
     graph.add_node("planner", planner)
     graph.add_node("executor", make_executor(engine, tools, prompts=prompts, retry=retry))
-    graph.add_node("verifier", make_verifier(engine, tools, prompts=prompts, retry=retry))
+    verifier = make_verifier(engine, tools, prompts=prompts, retry=retry, policy=verifier_policy)
+    graph.add_node("verifier", verifier)
     graph.add_node("generator", make_generator(engine, prompts=prompts, retry=retry))
     graph.add_edge(START, "planner")
     graph.add_conditional_edges("planner", route_after_planner)

@@ -6,24 +6,33 @@ verdict. When the prompts name `verdict_choices` and the engine can score them
 (`ChoosingModel`: the local models), it chooses among them there; another writes a few words,
 read as before. Both calls are recorded as verifier transitions of the turn; an engine that
 concludes on its own is called once. Anything still unclear means CONTINUE, as in AgentFlow.
+
+A trained verifier (`policy` given: its own LoRA adapter, `flowlearn.engine.adapters`) makes the
+same two calls through that policy instead, so their exact tokens are recorded and trained on;
+its follow-up is written, never chosen, since a forced choice is not text the policy sampled.
+It samples at the run's planner temperature (training scores every trained node's tokens at
+TRL's one temperature), with its own top-p and token budget.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.tools import BaseTool
 from langgraph.types import RetryPolicy
 
-from flowlearn.engine.protocol import can_choose
-from flowlearn.engine.sampling import Messages
+from flowlearn.engine.local import LocalPolicy
+from flowlearn.engine.protocol import Policy, can_choose, continues_prefill
+from flowlearn.engine.sampling import Generation, Messages, Sampling
+from flowlearn.engine.stops import RepetitionRule, StopWatch, cut_at_stop
 from flowlearn.nodes.catalogue import enabled_tools, render_catalogue
 from flowlearn.nodes.engine_calls import EngineReply, RoleCall, role_call
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, runs_analysis
-from flowlearn.nodes.render import emit, memory_prompt, transition
-from flowlearn.nodes.retry import ENGINE_RETRY
+from flowlearn.nodes.render import emit, memory_prompt, policy_transition, transition
+from flowlearn.nodes.retry import ENGINE_RETRY, retrying
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, Transition
 from flowlearn.nodes.schema.state import State
@@ -56,14 +65,44 @@ def _concluded(
     return chat, reply, f"{opened} {tail.strip()}"
 
 
+PolicyAsk = Callable[[Messages, Sampling, str], Generation]
+"""A trained verifier's call: messages, the run's sampling, and a stop string ("" for none)."""
+
+
+def policy_ask(policy: Policy, retry: RetryPolicy | None) -> PolicyAsk:
+    """Return the trained verifier's call: `policy.generate`, ended at a stop string if given.
+
+    A local policy stops decoding at the stop string (`StopWatch`); the text is cut there
+    either way, while the recorded tokens are every token sampled.
+    """
+    generate = retrying(policy.generate, retry)
+
+    def call(messages: Messages, sampling: Sampling, stop: str) -> Generation:
+        watch: dict[str, Any] = {}
+        if stop and isinstance(policy, LocalPolicy):
+            tokenizer = policy.handle.tokenizer
+
+            def decode(ids: list[int]) -> str:
+                return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+            watch["stopping"] = StopWatch(decode, (stop,), RepetitionRule())
+        gen = generate(messages, sampling, **watch)
+        return dataclasses.replace(gen, text=cut_at_stop(gen.text, [stop] if stop else []))
+
+    return call
+
+
 def make_verifier(
     engine: BaseChatModel,
     tools: Sequence[BaseTool] = (),
     *,
     prompts: Prompts = AGENTFLOW_PROMPTS,
     retry: RetryPolicy | None = ENGINE_RETRY,
+    policy: Policy | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
 ) -> Callable[..., dict[str, Any]]:
-    """Build the verifier node over the fixed engine.
+    """Build the verifier node over the fixed engine, or over its own trained policy.
 
     Args:
         engine: The fixed chat model that judges the memory.
@@ -71,10 +110,18 @@ def make_verifier(
             subset per run).
         prompts: The template, conclusion label, verdict choices and budgets it uses.
         retry: How its transient engine errors are retried (None: never).
+        policy: A trained verifier's policy (token-faithful, e.g. an `AdapterPolicy`): the
+            verifier's calls go through it and record their tokens; None: the engine judges.
+        top_p: The trained verifier's top-p; None: the run's planner top-p.
+        max_new_tokens: The trained verifier's budget; None: the prompt set's verifier budget.
 
     """
     tools = list(tools)
     budgets = prompts.budgets
+    if policy is not None:
+        return trained_verifier(
+            policy, tools, prompts, retry, top_p, max_new_tokens or budgets.verifier
+        )
     ask = role_call(engine, retry, max_tokens=budgets.verifier)
     if prompts.verdict_choices and can_choose(engine):
         conclude = role_call(engine, retry, choice=prompts.verdict_choices)
@@ -84,10 +131,7 @@ def make_verifier(
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         turn = state.get("turn", 0)
         context = runtime.context or Context()
-        template = prompts.template("verifier", analysis=runs_analysis(context, prompts))
-        shows_tools = tools and "{tools}" in template
-        catalogue = render_catalogue(enabled_tools(tools, context.tools)) if shows_tools else ""
-        messages = memory_prompt(template, state, system=prompts.system, tools=catalogue)
+        messages = verifier_messages(state, context, tools, prompts)
         reply = ask(messages)
         text, error = reply.text, reply.error
         verdict, clear = parse_verdict(text)
@@ -100,16 +144,89 @@ def make_verifier(
             if second.error is None and said:
                 verdict, clear, text = concluded, True, whole
             records.append(_record(turn, chat, second, second.error or whole, clear))
-        update: dict[str, Any] = {
-            "verdict": verdict,
-            "memory": [
-                {"turn": turn, "kind": "verification", "analysis": text, "verdict": verdict}
-            ],
-            "transitions": records,
-        }
-        emit(runtime, {"event": "verdict", "turn": turn, "verdict": verdict, "clear": clear})
-        if verdict == "STOP":
-            update["termination"] = "engine_error" if error else "verifier_stop"
-        return update
+        return verdict_update(runtime, turn, text, verdict, clear, records, error=error)
+
+    return verifier
+
+
+def verdict_update(
+    runtime: Any,
+    turn: int,
+    text: str,
+    verdict: str,
+    clear: bool,
+    records: list[Transition],
+    *,
+    error: str | None,
+) -> dict[str, Any]:
+    """Return the verifier's state update: the verdict, its memory record and transitions."""
+    update: dict[str, Any] = {
+        "verdict": verdict,
+        "memory": [{"turn": turn, "kind": "verification", "analysis": text, "verdict": verdict}],
+        "transitions": records,
+    }
+    emit(runtime, {"event": "verdict", "turn": turn, "verdict": verdict, "clear": clear})
+    if verdict == "STOP":
+        update["termination"] = "engine_error" if error else "verifier_stop"
+    return update
+
+
+def verifier_messages(
+    state: State, context: Context, tools: Sequence[BaseTool], prompts: Prompts
+) -> Messages:
+    """Render the verifier's prompt: the question, memory and (if shown) the tool catalogue."""
+    template = prompts.template("verifier", analysis=runs_analysis(context, prompts))
+    shows_tools = tools and "{tools}" in template
+    catalogue = render_catalogue(enabled_tools(tools, context.tools)) if shows_tools else ""
+    return memory_prompt(template, state, system=prompts.system, tools=catalogue)
+
+
+def trained_verifier(
+    policy: Policy,
+    tools: Sequence[BaseTool],
+    prompts: Prompts,
+    retry: RetryPolicy | None,
+    top_p: float | None,
+    budget: int,
+) -> Callable[..., dict[str, Any]]:
+    """Build the verifier over its own policy: both calls sampled and recorded token-exact.
+
+    A policy call that still fails after the retries raises, as the planner's does: a rollout
+    of a trained node cannot go on without its tokens.
+    """
+    ask = policy_ask(policy, retry)
+    label = prompts.verifier_conclusion
+    prefills = continues_prefill(policy)
+
+    def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+        turn = state.get("turn", 0)
+        context = runtime.context or Context()
+        sampling = context.planner_sampling()
+        if top_p is not None:
+            sampling = dataclasses.replace(sampling, top_p=top_p)
+        messages = verifier_messages(state, context, tools, prompts)
+        asked = dataclasses.replace(sampling, max_new_tokens=budget)
+        first = ask(messages, asked.for_call(state["question"], turn, "verifier"), "")
+        text = first.text
+        verdict, clear = parse_verdict(text)
+        status: ParseStatus = "ok" if clear else "unclear"
+        records = [policy_transition("verifier", turn, messages, first, status)]
+        if not clear:  # the verdict is written after the label, by the same policy
+            opened = f"{text.rstrip()}\n{label}"
+            chat = [*messages, {"role": "assistant", "content": opened}]
+            if not prefills:  # a policy that cannot continue a reply is asked anew
+                chat = [*messages, {"role": "assistant", "content": text}]
+                chat.append({"role": "user", "content": label})
+            follow = dataclasses.replace(
+                sampling, max_new_tokens=prompts.budgets.verifier_conclusion
+            )
+            second = ask(chat, follow.for_call(state["question"], turn, "conclusion"), "\n")
+            whole = f"{opened} {second.text.strip()}"
+            concluded, said = parse_verdict(whole)
+            if said:
+                verdict, clear, text = concluded, True, whole
+            status = "ok" if said else "unclear"
+            records.append(policy_transition("verifier", turn, chat, second, status))
+        return verdict_update(runtime, turn, text, verdict, clear, records, error=None)
 
     return verifier

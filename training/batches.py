@@ -44,11 +44,13 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from trl.trainer.utils import split_tensor_dict
 
+from flowlearn.engine.adapters import switch_adapter
 from flowlearn.training.rows import FlowGRPORow, weight_count
 
 VERL_DUAL_CLIP = 3.0
@@ -150,10 +152,14 @@ class Batching:
         return max(math.ceil(most / unit), 1) * unit
 
 
-def spread(rows: Sequence[FlowGRPORow], pieces: int, padded: int) -> list[FlowGRPORow | None]:
+def spread(
+    rows: Sequence[FlowGRPORow], pieces: int, padded: int, nodes: Sequence[str] = ()
+) -> list[FlowGRPORow | None]:
     """Shuffle `rows` (torch's generator, as TRL's shuffle) and spread them over equal pieces.
 
     Piece k takes its share of the real rows, then None (padding) up to `padded / pieces`.
+    With `nodes` (trained nodes, each its own adapter) a piece's rows are ordered by node, so
+    its chunks mostly run under one adapter each.
     """
     order = [rows[i] for i in torch.randperm(len(rows)).tolist()] if rows else []
     size = padded // pieces
@@ -161,7 +167,10 @@ def spread(rows: Sequence[FlowGRPORow], pieces: int, padded: int) -> list[FlowGR
     start = 0
     for piece in range(pieces):
         take = len(order) // pieces + int(piece < len(order) % pieces)
-        out += order[start : start + take] + [None] * (size - take)
+        part = order[start : start + take]
+        if nodes:
+            part.sort(key=lambda row: nodes.index(row.node))
+        out += part + [None] * (size - take)
         start += take
     return out
 
@@ -174,18 +183,21 @@ def step_tensors(
     gather: Gather,
     pad_token_id: int,
     device: Any,
+    nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Return this process's padded tensors of a generation batch, normalised globally.
 
     Besides TRL's keys: `num_items_in_batch`, the global token count; per row, `flow_items`,
     the `num_items_in_batch` of the chunk it falls in, and `flow_live`, 1 when its update has
     a trainable token on some process (an update without any is skipped by every process).
+    With `nodes` (trained nodes with adapters of their own), `flow_node`: each row's node's
+    index in `nodes`, -1 for padding.
     """
     local = [weight_count(rows, mode), sum(len(r.completion_ids) for r in rows), len(rows)]
     table = gather(torch.tensor(local, dtype=torch.long, device=device))
     table = table.view(batching.processes, 3)
     total_count, total_tokens = (int(v) for v in table[:, :2].sum(0))
-    ordered = spread(rows, batching.pieces, batching.padded(int(table[:, 2].max())))
+    ordered = spread(rows, batching.pieces, batching.padded(int(table[:, 2].max())), nodes)
     if mode == "verl_like":
         items = verl_items(ordered, batching)
         scales = [1.0] * len(ordered)
@@ -199,6 +211,9 @@ def step_tensors(
     output["num_items_in_batch"] = torch.tensor(float(total_tokens), device=device)
     output["flow_items"] = torch.tensor(items, dtype=torch.float32, device=device)
     output["flow_live"] = live_rows(ordered, batching, gather, device)
+    if nodes:
+        index = [nodes.index(row.node) if row is not None else -1 for row in ordered]
+        output["flow_node"] = torch.tensor(index, dtype=torch.long, device=device)
     return output
 
 
@@ -309,19 +324,24 @@ def next_piece(trainer: Any, generation_batch: Any) -> dict[str, Any]:
 
 def chunk(inputs: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
     """Return rows start:stop, without the padding columns none of them uses."""
-    prompt = inputs["prompt_mask"][start:stop].sum(0).nonzero()
-    completion = inputs["completion_mask"][start:stop].sum(0).nonzero()
+    return pick(inputs, slice(start, stop))
+
+
+def pick(inputs: dict[str, Any], rows: slice | torch.Tensor) -> dict[str, Any]:
+    """Return the rows `rows` selects, without the padding columns none of them uses."""
+    prompt = inputs["prompt_mask"][rows].sum(0).nonzero()
+    completion = inputs["completion_mask"][rows].sum(0).nonzero()
     first = int(prompt[0]) if len(prompt) else 0
     last = int(completion[-1]) + 1 if len(completion) else 1
     out: dict[str, Any] = {}
     for key, value in inputs.items():
         if isinstance(value, torch.Tensor) and value.ndim > 0:
-            value = value[start:stop]
+            value = value[rows]
             if value.ndim == 2:
                 value = value[:, first:] if key in PROMPT_KEYS else value[:, :last]
         out[key] = value
     if "flow_items" in inputs:
-        out["num_items_in_batch"] = inputs["flow_items"][start]
+        out["num_items_in_batch"] = out["flow_items"][0]
     return out
 
 
@@ -337,14 +357,58 @@ def chunked_loss(
         return torch.zeros((), device=trainer.accelerator.device, requires_grad=True)
     trainer._metrics["train"]["flow/skipped_update"].append(0.0)
     size = int(trainer.args.per_device_train_batch_size)
-    starts = list(range(0, int(inputs["completion_ids"].size(0)), size))
+    starts = range(0, int(inputs["completion_ids"].size(0)), size)
+    parts: list[tuple[dict[str, Any], Callable[[dict[str, Any]], torch.Tensor]]] = []
+    for start in starts:
+        piece = chunk(inputs, start, start + size)
+        parts += node_parts(trainer, piece, loss_of) if "flow_node" in piece else [(piece, loss_of)]
     learning = model.training and torch.is_grad_enabled()
     done = torch.zeros((), device=trainer.accelerator.device)
-    for start in starts[:-1]:
+    for piece, loss_fn in parts[:-1]:
         sync = trainer.accelerator.no_sync(model) if learning else contextlib.nullcontext()
         with sync:
-            loss = loss_of(chunk(inputs, start, start + size))
+            loss = loss_fn(piece)
             if learning:
                 trainer.accelerator.backward(loss)
         done = done + loss.detach()
-    return loss_of(chunk(inputs, starts[-1], starts[-1] + size)) + done
+    piece, loss_fn = parts[-1]
+    return loss_fn(piece) + done
+
+
+def node_parts(
+    trainer: Any, piece: dict[str, Any], loss_of: Callable[[dict[str, Any]], torch.Tensor]
+) -> list[tuple[dict[str, Any], Callable[[dict[str, Any]], torch.Tensor]]]:
+    """Split a chunk by its rows' nodes; each part's loss runs under its node's adapter.
+
+    The adapter is switched, not scoped: the last part's backward runs after `compute_loss`
+    returns (in TRL's `training_step`), and a recomputed forward (gradient checkpointing)
+    must see the adapter its forward saw. Padding rows go with the first part. Each part's
+    TRL metrics are also logged under its node (`flow/<node>/<metric>`).
+    """
+    nodes = trainer.roles.nodes
+    index = piece["flow_node"]
+    present = [n for n in sorted({int(i) for i in index.tolist()}) if n >= 0] or [0]
+    parts = []
+    for k, n in enumerate(present):
+        rows = (index == n) | ((index < 0) if k == 0 else torch.zeros_like(index, dtype=torch.bool))
+        parts.append(
+            (pick(piece, rows.nonzero().squeeze(1)), partial(_under, trainer, nodes[n], loss_of))
+        )
+    return parts
+
+
+def _under(
+    trainer: Any,
+    node: str,
+    loss_of: Callable[[dict[str, Any]], torch.Tensor],
+    piece: dict[str, Any],
+) -> torch.Tensor:
+    """Return `loss_of(piece)` with `node`'s adapter active, its TRL metrics also as the node's."""
+    switch_adapter(trainer.accelerator.unwrap_model(trainer.model), node)
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    before = {key: len(values) for key, values in metrics.items()}
+    loss = loss_of(piece)
+    for key in [k for k in metrics if not k.startswith("flow/")]:
+        for value in metrics[key][before.get(key, 0) :]:
+            metrics[f"flow/{node}/{key}"].append(value)
+    return loss

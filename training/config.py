@@ -35,6 +35,12 @@ from flowlearn.training.config_checks import (
     check_values,
     check_yaml_file,
 )
+from flowlearn.training.roles import (
+    NodeSettings,
+    check_train_nodes,
+    parse_node_settings,
+    several_roles,
+)
 from flowlearn.training.rows import Mode, StepCredit, refuse_renamed_mode
 from flowlearn.training.vllm.settings import check_server_options, check_vllm_config
 
@@ -80,6 +86,29 @@ class FlowGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Tool names to enable; default: all default tools."}
     )
     corpus: str | None = _help("JSONL corpus for local_search.", None)
+    # Trained roles (flowlearn.training.roles)
+    train_nodes: list[str] = field(
+        default_factory=lambda: ["planner"],
+        metadata={
+            "help": "Nodes whose policy calls are trained: planner, verifier, or a custom node "
+            "that calls the policy. More than the planner alone: one LoRA adapter per node on "
+            "one base model (lora on); the others run on the base with every adapter off."
+        },
+    )
+    node_settings: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Per trained node, its own settings: learning_rate (any node), top_p and "
+            'max_new_tokens (the verifier), e.g. {"verifier": {"learning_rate": 1e-4}} (YAML '
+            "mapping or JSON); unset: the run's."
+        },
+    )
+    node_weighting: Literal["node", "pooled"] = _help(
+        "With several trained nodes: 'node' gives each node the paper's objective over its own "
+        "turns (the planner's rows weigh as when it trains alone); 'pooled' weighs a "
+        "trajectory's turns of every trained node together.",
+        "node",
+    )
     query_analysis: bool | None = _help(
         "See Context.query_analysis; default: the prompt set's choice.", None, **FLAG
     )
@@ -193,9 +222,39 @@ class FlowGRPOConfig(GRPOConfig):
             raise ValueError("give one of benchmark or data (or trajectories), not both")
         if self.engine == "base" and self.lora is False:
             raise ValueError("engine 'base' is the frozen base under LoRA; it needs lora on")
+        self._check_roles()
         for name in ("num_generations", "questions_per_step", "max_turns", "max_steps"):
             if (getattr(self, name) or 0) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def _check_roles(self) -> None:
+        self.train_nodes = check_train_nodes(
+            [n for item in self.train_nodes for n in str(item).split(",") if n.strip()]
+            if isinstance(self.train_nodes, list)
+            else self.train_nodes
+        )
+        self.node_roles()  # refuses unknown nodes, keys and values now
+        if not several_roles(self.train_nodes):
+            return
+        if self.lora is False:
+            raise ValueError(
+                f"train_nodes {self.train_nodes}: full fine-tuning of several nodes (or of a node "
+                "other than the planner) is refused: it would hold a copy of the model per node. "
+                "Set lora on (the default for several nodes): one adapter per node on one base"
+            )
+        self.lora = True
+        for option in ("use_vllm", "planner_url"):
+            if getattr(self, option):
+                raise ValueError(
+                    f"{option} with train_nodes {self.train_nodes} is not supported yet: only "
+                    "the planner's adapter is served; train several nodes with local rollouts"
+                )
+        if self.ddp_find_unused_parameters is None:  # a micro-batch reaches one adapter
+            self.ddp_find_unused_parameters = True
+
+    def node_roles(self) -> dict[str, NodeSettings]:
+        """Return each trained node's own settings (`node_settings`), checked."""
+        return parse_node_settings(self.node_settings, self.train_nodes)
 
     def check_questions_named(self) -> None:
         """Refuse a config that names no questions, where nothing else gives them (the CLI).

@@ -133,11 +133,33 @@ def _spread(group_rewards: dict[str, float]) -> float:
     return float((sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5)
 
 
+NODE_STATS = ("mean_reward", "rows", "tokens", "mean_turns", "zero_variance_share")
+"""Each trained node's own `flow/<node>/*` statistics, beside its format errors and TRL's
+loss metrics of its micro-batches (`kl`, `entropy`, `clip_ratio/*`: `batches.node_parts`)."""
+
+
 def flow_metrics(
-    trajectories: list[Trajectory], stats: dict[str, Any], seconds: float
+    trajectories: list[Trajectory],
+    stats: dict[str, Any],
+    seconds: float,
+    node_stats: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Return one step's `flow/*` metrics and the mean reward of each of its groups."""
+    """Return one step's `flow/*` metrics and the mean reward of each of its groups.
+
+    With `node_stats` (several trained nodes: each node's own row statistics), each node's
+    `flow/<node>/*`: its rows' mean reward, rows, tokens, turns and format-error rate.
+    """
     values = {f"flow/{key}": float(stats[key]) for key in FLOW_STATS}
+    for node, own in (node_stats or {}).items():
+        values.update({f"flow/{node}/{key}": float(own[key]) for key in NODE_STATS})
+        calls = [
+            t
+            for trajectory in trajectories
+            for t in trajectory.transitions
+            if t["node"] == node and t.get("completion_ids") is not None
+        ]
+        wrong = sum(t["parse_status"] != "ok" for t in calls)
+        values[f"flow/{node}/format_error_rate"] = wrong / len(calls) if calls else 0.0
     turns = [
         t
         for trajectory in trajectories

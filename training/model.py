@@ -31,6 +31,7 @@ from flowlearn.engine.loading import (
     parameter_count,
     pick_device_and_dtype,
 )
+from flowlearn.engine.local import trainability_kept
 from flowlearn.errors import TrainingDivergedError
 
 logger = logging.getLogger(__name__)
@@ -187,7 +188,8 @@ def reference_logps(trainer: Any, tensors: dict[str, Any]) -> Any:
     from trl.trainer.utils import use_adapter
 
     model = trainer.accelerator.unwrap_model(trainer.model)
-    with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+    ref = "ref" if "ref" in model.peft_config else None
+    with trainability_kept(model), use_adapter(model, adapter_name=ref):  # node adapters too
         return forward_logps(trainer, trainer.model, tensors)
 
 

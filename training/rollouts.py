@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
+from flowlearn.engine.adapters import NodePolicies, NodeSampling
 from flowlearn.engine.batching import BatchingPolicy
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.protocol import Policy
@@ -312,10 +313,8 @@ class Rollouts:
         Under `reward_errors="drop"` a rollout whose reward failed comes back marked
         `metadata[DROPPED]`, so the batch leaves it out and counts it in the metrics.
         """
-        live: Policy = policy
         concurrency = step_concurrency(self.concurrency, len(cases), group_size)
-        if concurrency > 1 and isinstance(policy, HFPolicy):  # a server batches its own
-            live = BatchingPolicy(policy, max_batch_size=concurrency)
+        live = batched(policy, concurrency)
         trajectories = collect(
             self.graph_factory(live),
             cases,
@@ -335,13 +334,41 @@ class Rollouts:
         return trajectories
 
 
+def batched(policy: Any, concurrency: int) -> Any:
+    """Return `policy` decoding its concurrent calls together (`BatchingPolicy`), when local.
+
+    Each node's policy of a `NodePolicies` gets a batcher of its own (calls under different
+    adapters decode in separate batches); a server batches its own.
+    """
+    if isinstance(policy, NodePolicies):
+        trained = {node: batched(p, concurrency) for node, p in policy.trained.items()}
+        return NodePolicies(trained, batched(policy.base, concurrency))
+    if isinstance(policy, NodeSampling):
+        return dataclasses.replace(policy, wrapped=batched(policy.wrapped, concurrency))
+    if concurrency > 1 and isinstance(policy, HFPolicy):
+        return BatchingPolicy(policy, max_batch_size=concurrency)
+    return policy
+
+
 def agentflow_factory(
     engine: BaseChatModel, tools: Sequence[BaseTool], prompts: Prompts = AGENTFLOW_PROMPTS
 ) -> Callable[[Policy], Any]:
-    """Return a function from the live policy to the AgentFlow graph with `prompts`."""
+    """Return a function from the live policy to the AgentFlow graph with `prompts`.
+
+    Given a `NodePolicies` (several trained nodes), the planner plans with its node's policy
+    (the base's when untrained) and a trained verifier judges with its own.
+    """
     bound = list(tools)
 
-    def factory(policy: Policy) -> Any:
+    def factory(policy: Any) -> Any:
+        if isinstance(policy, NodePolicies):
+            return build_agentflow(
+                policy.for_node("planner"),
+                engine,
+                bound,
+                prompts=prompts,
+                verifier_policy=policy.trained.get("verifier"),
+            )
         return build_agentflow(policy, engine, bound, prompts=prompts)
 
     return factory

@@ -31,6 +31,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
+from flowlearn.engine.adapters import write_adapters_record
 from flowlearn.engine.tokens import ModelHandle
 from flowlearn.errors import UsageError
 from flowlearn.evals.cases import Case
@@ -79,6 +80,8 @@ ROLLOUT_SETTINGS = (
     "data_seed",
     "shuffle_dataset",
     "format_penalty",
+    "train_nodes",
+    "node_settings",
 )
 """Config fields a stored rollout depends on: the models and tools of the flow, the questions
 (which ones each step takes), the planner's sampling, G, and the reward it was given."""
@@ -105,7 +108,8 @@ class TrainingParts:
     prompts: Prompts = AGENTFLOW_PROMPTS
     engine_name: str | None = None
     """The local fixed engine the rollouts used, recorded in `final/` (None: served)."""
-    """The planner's handle, shared with the frozen base when it is the engine."""
+    base_name: str | None = None
+    """The planner model as named (the base of every node's adapter), recorded in `final/`."""
 
 
 def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | None = None) -> Path:
@@ -164,6 +168,7 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
         merge=parts.lora,
         prompts=parts.prompts,
         engine=parts.engine_name,
+        base=parts.base_name,
     )
 
 
@@ -222,18 +227,24 @@ def save_final(
     merge: bool,
     prompts: Prompts | None = None,
     engine: str | None = None,
+    base: str | None = None,
 ) -> Path:
     """Save the trained policy as a plain model folder (LoRA merged into its base), atomically.
 
     With `prompts`, the folder names the prompt set it was trained under and `engine` the local
     fixed engine, so `flowlearn run` and `eval` serve it with the same
-    (`nodes.prompts.PROMPTS_RECORD`). Under `accelerate launch` only the main process writes;
+    (`nodes.prompts.PROMPTS_RECORD`). Several trained nodes are saved unmerged instead: one
+    adapter per node in `<node>/`, the tokenizer, and `base` (the model they adapt) named in
+    `engine.adapters.ADAPTERS_RECORD`. Under `accelerate launch` only the main process writes;
     the others wait for it. A model with a NaN or infinite weight is refused
     (`TrainingDivergedError`) and nothing is written.
     """
     accelerator = trainer.accelerator
     accelerator.wait_for_everyone()
     check_finite_weights(accelerator.unwrap_model(trainer.model))  # every process: none waits
+    roles = getattr(trainer, "roles", None)
+    if roles is not None:
+        merge = False  # one adapter per node, on one base: nothing to merge into
     adapter = folder.parent / "final-adapter"
     for saved in (folder, adapter) if merge else (folder,):
         refuse_foreign_model(saved)  # every process: none waits for a saver that refused
@@ -252,6 +263,12 @@ def save_final(
         def save(staging: Path) -> None:
             model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
+            if roles is not None:
+                write_adapters_record(
+                    staging,
+                    base or str(next(iter(model.peft_config.values())).base_model_name_or_path),
+                    roles.nodes,
+                )
             if prompts is not None:
                 write_prompts_record(staging, prompts, engine=engine)
             write_text_atomically(staging / MARKER, json.dumps(marker) + "\n")

@@ -35,6 +35,7 @@ from langchain_core.tools import BaseTool
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
+from flowlearn.engine.adapters import NodePolicies, NodeSampling, node_policies
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.protocol import Policy
 from flowlearn.engine.tokens import ModelHandle
@@ -63,6 +64,12 @@ from flowlearn.training.model import (
     warn_on_dropout,
 )
 from flowlearn.training.rewards import RewardFunc
+from flowlearn.training.roles import (
+    TrainedRoles,
+    load_node_checkpoint,
+    node_learning_rates,
+    role_rows,
+)
 from flowlearn.training.rollouts import (
     Outcome,
     Replay,
@@ -163,7 +170,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         questions = source.questions()
         check_settings(args, self.flow_context, len(questions), offline=isinstance(source, Replay))
         self.source = source
-        self.nodes = nodes
+        self.roles = TrainedRoles.of(args, model, nodes)  # several nodes: an adapter each
+        self.nodes = list(self.roles.nodes) if self.roles else nodes
         parts = self.flow_parts
         self.model_handle: ModelHandle | None = parts.handle if parts is not None else None
         """The handle every policy over the trained model shares (TRL's shape, `online`)."""
@@ -305,16 +313,18 @@ class FlowGRPOTrainer(GRPOTrainer):
             trajectories = self.source.run(cases)
         else:
             trajectories = self.rollout(cases)
-        batch = build_flow_grpo_rows(
-            trajectories,
-            self.mode,
-            nodes=self.nodes,
+        options: dict[str, Any] = dict(
             scale=cast(Scale, self.flow_args.scale_rewards),
             drop_zero_variance=self.drop_zero_variance,
             max_completion_length=self.flow_args.max_completion_length,
             step_credit=self.step_credit,
             sampling=self.flow_context.planner_sampling(),  # stored/offline rows checked
         )
+        node_stats: dict[str, dict[str, Any]] = {}
+        if self.roles is not None:  # each node's rows, advantages and weights (`roles`)
+            batch, node_stats = role_rows(trajectories, self.roles, self.mode, **options)
+        else:
+            batch = build_flow_grpo_rows(trajectories, self.mode, nodes=self.nodes, **options)
         if self.server is not None:  # rows an older adapter sampled: importance-corrected
             self.server.correct(self, batch.rows)
         if not batch.rows:
@@ -327,13 +337,14 @@ class FlowGRPOTrainer(GRPOTrainer):
             gather=self.accelerator.gather,
             pad_token_id=tokenizer.pad_token_id,
             device=self.accelerator.device,
+            nodes=self.roles.nodes if self.roles else (),
         )
         if (reference := self._reference_logps(output)) is not None:
             output["ref_per_token_logps"] = reference
         live: Any = self.model
         metrics = self._metrics["train" if live.training else "eval"]
         values, self.group_rewards = flow_metrics(
-            trajectories, batch.stats, time.perf_counter() - started
+            trajectories, batch.stats, time.perf_counter() - started, node_stats
         )
         for key, value in values.items():
             metrics[key].append(value)
@@ -385,6 +396,26 @@ class FlowGRPOTrainer(GRPOTrainer):
         stop_if_not_finite("gradient norm", norm, self.state.global_step)
         return norm
 
+    def create_optimizer(self, model: Any = None) -> Any:
+        """TRL's optimizer; with node learning rates, each node's adapter in its own groups."""
+        optimizer = super().create_optimizer(*(() if model is None else (model,)))
+        rates = self.roles.learning_rates() if self.roles else {}
+        if rates:
+            live = self.accelerator.unwrap_model(self.model)
+            self.optimizer = optimizer = node_learning_rates(optimizer, live, rates)
+        return optimizer
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """Load a checkpoint's weights; with node adapters, each node's from `<node>/`."""
+        if self.roles is None:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+            return
+        load_node_checkpoint(
+            self.accelerator.unwrap_model(model or self.model),
+            Path(resume_from_checkpoint),
+            self.roles.nodes,
+        )
+
     def _reference_logps(self, tensors: dict[str, Any]) -> Any:
         """Recompute the old logprobs if asked; return the reference's (None at beta 0)."""
         if self.recompute_old_logprobs:  # before any update of this batch, as verl does
@@ -406,7 +437,16 @@ def live_policy(trainer: Any, model: Any) -> Policy:
         return trainer.server.live_policy(trainer, model)  # type: ignore[no-any-return]
     if trainer.vllm is not None:  # TRL's vLLM engine, weights synced each step
         return trainer.vllm.policy(trainer, version)  # type: ignore[no-any-return]
-    return HFPolicy.on(trainer.model_handle, version=version)
+    policy = HFPolicy.on(trainer.model_handle, version=version)
+    roles: TrainedRoles | None = trainer.roles
+    if roles is None:
+        return policy
+    nodes = node_policies(policy, roles.nodes)  # an adapter each, the base beside them
+    tuned = {
+        n: NodeSampling(p, roles.own(n).top_p, roles.own(n).max_new_tokens)
+        for n, p in nodes.items()
+    }
+    return NodePolicies(tuned, nodes.base)  # type: ignore[return-value]
 
 
 def stop_if_not_finite(name: str, value: Any, step: int) -> None:

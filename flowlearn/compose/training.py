@@ -56,6 +56,7 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     Raises `UsageError`: a bad name, or a model that cannot be found, with how to fix it.
     """
     from flowlearn.training.model import load_planner, with_lora
+    from flowlearn.training.roles import lora_settings, several_roles, with_node_adapters
     from flowlearn.training.run import TrainingParts
     from flowlearn.training.vllm.settings import require_vllm
 
@@ -65,6 +66,7 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
         raise UsageError(str(exc)) from exc
     spec = training_spec(config)
     check_names(spec, tools=config.tools, benchmark=config.benchmark, data=config.data)
+    check_trainable_nodes(config.train_nodes)
     try:
         require_vllm(config)  # use_vllm: vLLM is there, before any model loads
         data = None
@@ -82,18 +84,41 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
         model, tokenizer, lora = load_planner(config, spec.planner, spec.cache_dir, device)
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
-    if lora:
+    if several_roles(config.train_nodes):  # an adapter per node, on one base
+        model = with_node_adapters(model, {n: lora_settings(config) for n in config.train_nodes})
+    elif lora:
         model = with_lora(model, config)
     handle = ModelHandle(model, tokenizer)  # the live planner and the frozen base share its lock
     parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
     parts.prompts = spec.prompt_set()
     parts.engine_name = engine_source(config, spec)  # recorded in final/, to be served again
+    parts.base_name = spec.planner
     if data is None:
         return parts
     parts.engine = training_engine(config, spec, handle, device, parts.prompts)
     parts.tools = build_tools(spec, parts.engine, parts.prompts)
     parts.cases, parts.scorer = data
     return parts
+
+
+AGENTFLOW_TRAINABLE = ("planner", "verifier")
+"""The AgentFlow graph's nodes that can call a trained policy of their own."""
+
+
+def check_trainable_nodes(nodes: list[str]) -> None:
+    """Refuse a trained node the AgentFlow graph cannot give a policy of its own.
+
+    Raises:
+        UsageError: naming the node and the ones that can be trained.
+
+    """
+    other = [n for n in nodes if n not in AGENTFLOW_TRAINABLE]
+    if other:
+        raise UsageError(
+            f"train_nodes {other}: the AgentFlow graph trains {list(AGENTFLOW_TRAINABLE)}; "
+            "the executor and generator run the fixed engine. To train another node, build "
+            "your own graph (FlowGRPOTrainer's graph_factory) whose node calls the policy"
+        )
 
 
 def engine_source(config: FlowGRPOConfig, spec: FlowSpec) -> str | None:

@@ -1,0 +1,274 @@
+"""Named LoRA adapters on one base model, one per trained node: switched per call, saved, loaded.
+
+Why it is built this way:
+1. Several trained roles share one copy of the base (PEFT named adapters, each named after its
+   node). A node's calls run with its adapter active (`AdapterPolicy`); the untrained roles and
+   the fixed engine run with every adapter off (`FrozenBasePolicy`). All of them are built on
+   one `ModelHandle`, whose lock keeps a switch from ever happening under another's forward.
+2. PEFT's `set_adapter` also makes the adapter it activates trainable and freezes the others.
+   Training keeps one optimizer over every adapter, so a switch made for a rollout or a
+   micro-batch must not freeze the rest: `active_adapter` switches the tuner layers and puts
+   every adapter's `requires_grad` back as it was. A row's gradient still reaches only its
+   node's adapter: the others take no part in its forward.
+3. Calls under different adapters decode in separate batches (a `BatchingPolicy` per node on
+   the shared handle; the lock interleaves their steps), not in one mixed batch through PEFT's
+   `adapter_names`, which PEFT refuses in training mode and which would have to be re-sent per
+   row at every decode step of a continuous batch (`bench/adapter_batches.py` measures both).
+4. A training result of several nodes is a folder with one adapter per node in `<node>/` (as
+   PEFT's `save_pretrained` writes named adapters), the tokenizer, and `ADAPTERS_RECORD`
+   naming the base model, so `flowlearn run --planner FOLDER` rebuilds it with one base copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowlearn.engine.local import FrozenBasePolicy, HFPolicy, trainability_kept, tuned_parts
+from flowlearn.engine.protocol import continues_prefill
+from flowlearn.engine.sampling import Generation, Messages, Sampling
+
+ADAPTERS_RECORD = "flowlearn_adapters.json"
+"""The file in a training result of several nodes that names its base model and its nodes."""
+NODE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def check_node_name(name: object) -> str:
+    """Return `name` if it can name a node's adapter (and its folder), else raise.
+
+    Raises:
+        ValueError: not a lowercase word of letters, digits, `_` or `-`.
+
+    """
+    if not isinstance(name, str) or not name or not set(name) <= NODE_NAME_CHARS:
+        raise ValueError(
+            f"node name {name!r} cannot name an adapter: use the graph node's name, lowercase "
+            "letters, digits, '_' or '-' (e.g. planner, verifier)"
+        )
+    return name
+
+
+def adapter_names(model: Any) -> list[str]:
+    """Return the names of the adapters on a PEFT model (none for a plain model)."""
+    config = getattr(model, "peft_config", None)
+    return sorted(config) if isinstance(config, Mapping) else []
+
+
+@contextlib.contextmanager
+def active_adapter(model: Any, name: str) -> Iterator[None]:
+    """Run the block with adapter `name` alone active, every adapter's trainability kept.
+
+    The caller holds the model handle's lock (the policies' forward scope runs under it).
+
+    Raises:
+        ValueError: no adapter of that name on `model`.
+
+    """
+    layers, _ = tuned_parts(model)
+    before = list(layers[0].active_adapters) if layers else [name]
+    switch_adapter(model, name)
+    try:
+        yield
+    finally:
+        switch_adapter(model, before)
+
+
+def switch_adapter(model: Any, name: str | list[str]) -> None:
+    """Make adapter `name` (or several) the active one, every adapter's trainability kept.
+
+    Raises:
+        ValueError: no adapter of that name on `model`.
+
+    """
+    layers, _ = tuned_parts(model)
+    names = [name] if isinstance(name, str) else list(name)
+    unknown = [n for n in names if n not in adapter_names(model)]
+    if unknown:
+        raise ValueError(f"the model has no adapter {unknown}; it has {adapter_names(model)}")
+    if not layers or list(layers[0].active_adapters) == names:
+        return
+    with trainability_kept(model):
+        for layer in layers:
+            layer.set_adapter(names)
+
+
+class AdapterPolicy(HFPolicy):
+    """Generate with one named adapter of a PEFT model active: one trained node's policy.
+
+    Built on `policy`'s handle, so it shares the lock of every policy on that model (the frozen
+    base's, the other nodes'): an adapter is never switched under another call's forward.
+    """
+
+    def __init__(self, policy: HFPolicy, adapter: str, *, version: str | None = None) -> None:
+        """Serve adapter `adapter` of `policy`'s model, versioned `<policy version>:<adapter>`.
+
+        Raises:
+            ValueError: the model has no adapter of that name.
+
+        """
+        self._bind(policy.handle, version or f"{policy.version}:{adapter}", policy.context_window)
+        if adapter not in adapter_names(policy.model):
+            raise ValueError(
+                f"the model has no adapter {adapter!r}; it has {adapter_names(policy.model)}"
+            )
+        self.adapter = adapter
+
+    def forward_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Make this node's adapter the active one (the caller holds the handle's lock)."""
+        return active_adapter(self.model, self.adapter)
+
+
+@dataclass(frozen=True)
+class NodeSampling:
+    """A node's policy with its own top-p and token budget over the run's sampling settings.
+
+    It keeps the wrapped policy's handle, version and prefill behaviour, so a node over it
+    behaves as over the policy itself (stop watches, prefilled replies).
+    """
+
+    wrapped: Any
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+
+    @property
+    def continues_prefill(self) -> bool:
+        """Whether the wrapped policy continues a final assistant message."""
+        return continues_prefill(self.wrapped)
+
+    @property
+    def handle(self) -> Any:
+        """The wrapped policy's model handle (AttributeError for a policy without one)."""
+        return self.wrapped.handle
+
+    @property
+    def version(self) -> str:
+        """The wrapped policy's version."""
+        return str(self.wrapped.version)
+
+    def generate(self, messages: Messages, sampling: Sampling, **kwargs: Any) -> Generation:
+        """Generate with this node's top-p and budget in place of the call's."""
+        changes: dict[str, Any] = {}
+        if self.top_p is not None:
+            changes["top_p"] = self.top_p
+        if self.max_new_tokens is not None:
+            changes["max_new_tokens"] = self.max_new_tokens
+        own = dataclasses.replace(sampling, **changes) if changes else sampling
+        result: Generation = self.wrapped.generate(messages, own, **kwargs)
+        return result
+
+
+@dataclass(frozen=True)
+class NodePolicies(Mapping[str, Any]):
+    """The policies of a graph's trained nodes, by node, and the base the others run on.
+
+    A mapping from node name to its policy (an `AdapterPolicy`, or a wrapper over one such as
+    `BatchingPolicy`); `for_node` gives an untrained node the base with every adapter off.
+    """
+
+    trained: Mapping[str, Any]
+    """Each trained node's policy."""
+    base: Any
+    """The base model with every adapter off (a `FrozenBasePolicy` or a wrapper of one)."""
+    _names: tuple[str, ...] = field(init=False, repr=False, default=())
+
+    def __post_init__(self) -> None:
+        """Check the node names."""
+        for name in self.trained:
+            check_node_name(name)
+        object.__setattr__(self, "_names", tuple(self.trained))
+
+    def __getitem__(self, node: str) -> Any:
+        """Return the trained node's policy."""
+        return self.trained[node]
+
+    def __iter__(self) -> Iterator[str]:
+        """Iterate over the trained nodes."""
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        """Count the trained nodes."""
+        return len(self._names)
+
+    def for_node(self, node: str) -> Any:
+        """Return the node's policy: its adapter's if trained, else the base's."""
+        return self.trained.get(node, self.base)
+
+
+def node_policies(
+    policy: HFPolicy, nodes: Sequence[str], *, version: str | None = None
+) -> NodePolicies:
+    """Return a policy per node's adapter of `policy`'s PEFT model, and its frozen base.
+
+    `version` (default `policy.version`) prefixes each node's version: `<version>:<node>`.
+    """
+    prefix = version or policy.version
+    trained = {n: AdapterPolicy(policy, n, version=f"{prefix}:{n}") for n in nodes}
+    return NodePolicies(trained, FrozenBasePolicy(policy))
+
+
+def attach_adapters(model: Any, folders: Mapping[str, str | os.PathLike[str]]) -> Any:
+    """Load one adapter per node onto `model` (the mapping from node to adapter folder).
+
+    Returns the PEFT model carrying them all on the one base, in inference mode.
+
+    Raises:
+        ValueError: no adapters, a bad node name, or a folder with no adapter in it.
+
+    """
+    from peft import PeftModel
+
+    if not folders:
+        raise ValueError(
+            "give at least one node's adapter folder, e.g. {'planner': 'final/planner'}"
+        )
+    for node, folder in folders.items():
+        check_node_name(node)
+        if not (Path(folder) / "adapter_config.json").is_file():
+            raise ValueError(f"the {node} adapter folder {folder} holds no adapter_config.json")
+    (first, folder), *rest = folders.items()
+    peft_model = PeftModel.from_pretrained(model, str(folder), adapter_name=first)
+    for node, path in rest:
+        peft_model.load_adapter(str(path), adapter_name=node)
+    peft_model.eval()
+    return peft_model
+
+
+def write_adapters_record(folder: Path, base: str, nodes: Sequence[str]) -> None:
+    """Name, in a training result's `folder`, its base model and its nodes' adapters."""
+    record = {"base": base, "nodes": list(nodes)}
+    (folder / ADAPTERS_RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
+
+
+def read_adapters_record(folder: str | os.PathLike[str]) -> tuple[str, dict[str, Path]] | None:
+    """Return the base model and each node's adapter folder of a training result, or None.
+
+    None when `folder` is not a result of several nodes (no `ADAPTERS_RECORD`).
+
+    Raises:
+        ValueError: a record that is not one, or a node whose adapter folder is missing.
+
+    """
+    root = Path(folder).expanduser()
+    path = root / ADAPTERS_RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        base, nodes = record["base"], record["nodes"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"{path} does not name a base and nodes ({exc}); fix or remove it"
+        ) from None
+    if not isinstance(base, str) or not isinstance(nodes, list) or not nodes:
+        raise ValueError(f"{path} does not name a base and nodes; fix or remove it")
+    folders = {check_node_name(node): root / node for node in nodes}
+    missing = [n for n, f in folders.items() if not (f / "adapter_config.json").is_file()]
+    if missing:
+        raise ValueError(f"{root} names adapters {missing} that are not there; it is incomplete")
+    return base, folders
