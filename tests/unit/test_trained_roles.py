@@ -23,7 +23,7 @@ from flowlearn.engine.adapters import (
 )
 from flowlearn.engine.local import FrozenBasePolicy, HFPolicy, adapters_off
 from flowlearn.engine.sampling import Sampling
-from flowlearn.training.roles import node_parameters, with_node_adapters
+from flowlearn.training.roles import with_node_adapters
 from flowlearn.training.trainer import FlowGRPOTrainer
 from flowlearn.training.trajectories import Trajectory
 
