@@ -96,12 +96,17 @@ def frozen_reference(model: Any, beta: float) -> Any | None:
 
 
 @contextmanager
-def reference_kept_from_trl(args: Any, reference: Any | None) -> Iterator[None]:
+def reference_kept_from_trl(
+    args: Any, reference: Any | None, *, node_adapters: bool = False
+) -> Iterator[None]:
     """Hide beta (and `sync_ref_model`) from TRL's constructor while it runs, given a reference.
 
     So TRL builds no reference from the model's folder; `install_reference` sets both back.
+    With `node_adapters` (an adapter per trained node) it is hidden too: TRL would copy an
+    adapter named "default" into a "ref" one, and every node's reference is the base with its
+    adapters off (`reference_logps`).
     """
-    if reference is None:
+    if reference is None and not node_adapters:
         yield
         return
     saved = args.beta, args.sync_ref_model

@@ -185,7 +185,7 @@ def node_parameters(model: Any, node: str) -> list[Any]:
 
 
 def node_learning_rates(optimizer: Any, model: Any, rates: Mapping[str, float]) -> Any:
-    """Return `optimizer` rebuilt with each node's adapter in groups at its own learning rate.
+    """Return `optimizer` regrouped: each node's adapter in groups at its own learning rate.
 
     The optimizer's groups (weight decay or not) are each split by node; a node with a rate
     gets it, the others keep the group's. The scheduler built afterwards scales each group.
@@ -200,7 +200,10 @@ def node_learning_rates(optimizer: Any, model: Any, rates: Mapping[str, float]) 
             split.setdefault(owner.get(id(parameter)), []).append(parameter)
         for node, parameters in split.items():
             groups.append({**group, "params": parameters, **({"lr": rates[node]} if node else {})})
-    return type(optimizer)(groups, **optimizer.defaults)
+    optimizer.param_groups = []  # regrouped in place: nothing is stepped yet, no state to move
+    for group in groups:
+        optimizer.add_param_group(group)
+    return optimizer
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,11 @@ class FlowGRPOTrainer(GRPOTrainer):
         reference = frozen_reference(model, args.beta)  # before TRL patches it; as loaded
         upcast_trainable(model)  # fp32 master weights; bf16=True autocasts the compute
         warn_on_dropout(model, args.disable_dropout)
-        with reference_kept_from_trl(args, reference), vllm_kept_from_trl(args):  # ours instead
+        adapters = self.roles is not None
+        with (
+            reference_kept_from_trl(args, reference, node_adapters=adapters),
+            vllm_kept_from_trl(args),
+        ):  # ours instead
             super().__init__(
                 model=model,
                 # never called (rewards come from the source); TRL checks reward_weights on them

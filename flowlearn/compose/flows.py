@@ -23,6 +23,7 @@ from flowlearn.engine import (
     Policy,
     untrained_twin,
 )
+from flowlearn.engine.adapters import NodePolicies
 from flowlearn.engine.loading import parameter_count
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
@@ -71,15 +72,18 @@ class Flow:
     prompts: Prompts = AGENTFLOW_PROMPTS
     engine_note: str = "the planner's model, untrained"
     """Why the engine is the one it is (named, recorded by training, or the default)."""
+    trained_nodes: tuple[str, ...] = ()
+    """The nodes that run on adapters of their own (a training result of several nodes)."""
 
     def settings(self) -> str:
         """Return one line naming the settings a run of this flow uses."""
         context = self.context
         analysis = "on" if runs_analysis(context, self.prompts) else "off"
+        nodes = f"  adapters: {', '.join(self.trained_nodes)}" if self.trained_nodes else ""
         return (
             f"prompts: {self.prompts.name}  query analysis: {analysis}  "
             f"temperature: {context.planner_temperature:g}  max turns: {context.max_turns}  "
-            f"engine: {self.engine_note}"
+            f"engine: {self.engine_note}{nodes}"
         )
 
 
@@ -108,6 +112,15 @@ def build_flow(
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
     tools = build_tools(spec, engine, prompts)
+    nodes = planner if isinstance(planner, NodePolicies) else None
+    if nodes is not None:
+        planner = nodes.for_node("planner")
+        unused = sorted(set(nodes) - {"planner", "verifier"})
+        if unused:
+            raise UsageError(
+                f"{spec.planner} holds adapters for {unused}, nodes the AgentFlow graph does "
+                "not have; load it in your own graph (flowlearn.engine.adapters)"
+            )
     graph = build_agentflow(
         planner,
         engine,
@@ -115,9 +128,12 @@ def build_flow(
         prompts=prompts,
         checkpointer=checkpointer,
         output_schema=output_schema,
+        verifier_policy=nodes.trained.get("verifier") if nodes is not None else None,
     )
     names = sorted(context.tools or [tool.name for tool in tools])
-    return Flow(graph, context, planner, engine, names, prompts, engine_note=why)
+    flow = Flow(graph, context, planner, engine, names, prompts, engine_note=why)
+    flow.trained_nodes = tuple(nodes) if nodes is not None else ()
+    return flow
 
 
 def load_work(

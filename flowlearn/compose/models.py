@@ -10,6 +10,7 @@ from flowlearn.compose.names import FlowSpec, check_model_name
 from flowlearn.engine import (
     BASE_SOURCE,
     BatchingPolicy,
+    FrozenBasePolicy,
     HFChatModel,
     HFPolicy,
     ModelNotFoundError,
@@ -17,6 +18,12 @@ from flowlearn.engine import (
     ServerChatModel,
     ServerPolicy,
     untrained_twin,
+)
+from flowlearn.engine.adapters import (
+    NodePolicies,
+    attach_adapters,
+    node_policies,
+    read_adapters_record,
 )
 from flowlearn.errors import UsageError
 from flowlearn.nodes.prompts import (
@@ -28,11 +35,15 @@ if TYPE_CHECKING:
     pass
 
 
-def load_parts(spec: FlowSpec, prompts: Prompts | None = None) -> tuple[Policy, HFChatModel]:
+def load_parts(
+    spec: FlowSpec, prompts: Prompts | None = None
+) -> tuple[Policy | NodePolicies, HFChatModel]:
     """Load the planner and the engine: local, or on their servers (`planner_url`, `engine_url`).
 
     A local planner and a local engine of the same model share one copy in memory; with the
     planner on a server the local model is the engine's; with both served nothing loads here.
+    A training result of several nodes (`engine.adapters.ADAPTERS_RECORD`) loads as the
+    `NodePolicies` of its adapters on their one base.
     """
     engine: HFChatModel | None = None
     budget = (prompts or spec.prompt_set()).budgets.engine
@@ -58,7 +69,7 @@ def load_parts(spec: FlowSpec, prompts: Prompts | None = None) -> tuple[Policy, 
     )
     if spec.planner_url is not None:
         return server_planner(spec.planner_url, spec.planner), models.engine
-    return models.planner, engine or models.engine
+    return models.nodes or models.planner, engine or models.engine
 
 
 def load_chat_model(name: str, spec: FlowSpec, *, max_new_tokens: int = 256) -> HFChatModel:
@@ -84,6 +95,8 @@ class LocalModels:
 
     planner: HFPolicy | BatchingPolicy
     engine: HFChatModel
+    nodes: NodePolicies | None = None
+    """A training result of several nodes: each node's adapter policy, and the base."""
 
 
 def load_local_models(
@@ -109,6 +122,14 @@ def load_local_models(
     def load(source: str) -> HFPolicy:
         return HFPolicy.from_pretrained(source, device=device, dtype=dtype, cache_dir=cache_dir)
 
+    try:
+        record = read_adapters_record(planner)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if record is not None:
+        return node_models(
+            record, planner, engine_source, load, engine_max_new_tokens, engine_budget, batch_size
+        )
     policy = load(planner)
     backend = policy if engine_source == planner else load(engine_source)
     planner_policy: HFPolicy | BatchingPolicy = policy
@@ -126,6 +147,47 @@ def load_local_models(
             max_new_tokens=engine_budget,
             fixed_max_new_tokens=engine_max_new_tokens,
         ),
+    )
+
+
+def node_models(
+    record: tuple[str, dict[str, Any]],
+    folder: str,
+    engine_source: str,
+    load: Any,
+    engine_max_new_tokens: int | None,
+    engine_budget: int,
+    batch_size: int,
+) -> LocalModels:
+    """Load a training result of several nodes: its base once, each node's adapter on it.
+
+    The planner plans with its adapter (the base's, when it was not trained); an engine that
+    is the base (what the nodes were trained against, unless named otherwise) runs on that same
+    copy with every adapter off.
+    """
+    base, folders = record
+    loaded = load(base)
+    model = attach_adapters(loaded.model, folders)
+    name = os.path.basename(os.path.normpath(folder))
+    nodes = node_policies(HFPolicy(model, loaded.tokenizer), list(folders), version=name)
+    backend: HFPolicy = nodes.base if engine_source in (base, folder) else load(engine_source)
+    if batch_size > 1:
+        nodes = NodePolicies(
+            {n: BatchingPolicy(p, max_batch_size=batch_size) for n, p in nodes.items()},
+            BatchingPolicy(nodes.base, max_batch_size=batch_size),
+        )
+    planner = nodes.for_node("planner")
+    engine_policy = nodes.base if isinstance(backend, FrozenBasePolicy) else backend
+    if batch_size > 1 and not isinstance(engine_policy, BatchingPolicy):
+        engine_policy = BatchingPolicy(engine_policy, max_batch_size=batch_size)
+    return LocalModels(
+        planner=planner,
+        engine=HFChatModel(
+            policy=engine_policy,
+            max_new_tokens=engine_budget,
+            fixed_max_new_tokens=engine_max_new_tokens,
+        ),
+        nodes=nodes,
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flowlearn.engine.adapters import ADAPTERS_RECORD
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.nodes.presets import PROMPT_SETS, prompts_for
@@ -222,8 +223,8 @@ def check_names(
         check_model_name(name)
 
 
-MODEL_FILES = ("config.json", "adapter_config.json")
-"""A folder holding one of these is a model (or adapter) folder."""
+MODEL_FILES = ("config.json", "adapter_config.json", ADAPTERS_RECORD)
+"""A folder holding one of these is a model (or adapter) folder, or adapters of several nodes."""
 
 
 def check_model_name(name: str) -> None:
