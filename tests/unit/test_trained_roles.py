@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import random
 import zlib
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ pytest.importorskip("peft")
 import torch
 from flow_rows import KeepGradients, toy_config, toy_trajectories
 from peft import LoraConfig
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from flowlearn.engine.adapters import (
     AdapterPolicy,
@@ -70,7 +72,7 @@ def test_every_adapter_stays_trainable_and_each_node_generates_with_its_own(
     assert adapter_names(model) == ["planner", "verifier"]
     lora = [p for n, p in model.named_parameters() if "lora_" in n]
     assert lora and all(p.requires_grad for p in lora)
-    base = HFPolicy(model, __import__("transformers").AutoTokenizer.from_pretrained(tiny_model_dir))
+    base = HFPolicy(model, AutoTokenizer.from_pretrained(tiny_model_dir))
     ids = [5, 6, 7, 8]
     with torch.no_grad():
         outputs = {}
@@ -210,3 +212,99 @@ def test_resume_restores_every_adapter_and_the_optimizer(
         expected, got = adapter_weights(straight, node), adapter_weights(resumed, node)
         for key, value in expected.items():
             assert torch.allclose(got[key], value, atol=1e-5, rtol=0), key
+
+
+def test_a_trained_verifier_rolls_out_with_its_own_adapter_and_learns(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from trainer_setup import CONTEXT, config
+
+    from fakes import FakeChatModel
+    from flowlearn.engine.adapters import NodePolicies
+    from flowlearn.engine.scripted import ScriptedPolicy, planner_turn
+    from flowlearn.evals.cases import Case
+    from flowlearn.evals.scorers import exact_match
+    from flowlearn.graphs import build_agentflow
+    from flowlearn.training import TrajectoryStore
+
+    @tool
+    def lookup(query: str) -> str:
+        """Look up a fact."""
+        return "paris"
+
+    rng = random.Random(0)
+
+    def respond(messages: Any, tools: list[dict[str, Any]]) -> Any:
+        if tools:
+            call = {"name": "lookup", "args": {"query": "q"}, "id": "1"}
+            return AIMessage(content="", tool_calls=[call])
+        return f"<answer>{rng.choice(['paris', 'rome'])}</answer>"  # outcomes that vary
+
+    engine = FakeChatModel(respond=respond)
+    seen: list[NodePolicies] = []
+
+    def factory(policies: NodePolicies) -> Any:
+        seen.append(policies)
+        planner = ScriptedPolicy([planner_turn("lookup")])  # the planner is not trained here
+        return build_agentflow(planner, engine, [lookup], verifier_policy=policies["verifier"])
+
+    model = with_adapters(tiny_model_dir, ("verifier",))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    store = TrajectoryStore(tmp_path / "rollouts.jsonl")
+    start = adapter_weights(model, "verifier")
+    trainer = FlowGRPOTrainer.online(
+        model,
+        args=config(tmp_path, per_device_train_batch_size=8, num_generations=4),
+        graph_factory=factory,
+        scorer=lambda answer, case: exact_match(answer, case.reference),
+        cases=[Case(str(i), f"Capital {i}?", "paris") for i in range(4)],
+        context=CONTEXT,
+        processing_class=tokenizer,
+        rollout_store=store,
+        nodes=["verifier"],
+    )
+    trainer.train()
+    assert seen and all(isinstance(p, NodePolicies) and list(p) == ["verifier"] for p in seen)
+    calls = [t for r in store.load() for t in r.transitions if t["node"] == "verifier"]
+    assert calls and all(t.get("completion_ids") for t in calls)
+    assert {t["policy_version"].rsplit(":", 1)[1] for t in calls} == {"verifier"}
+    logged = [h for h in trainer.state.log_history if "flow/verifier/rows" in h]
+    assert logged and all(h["flow/verifier/rows"] > 0 for h in logged)
+    assert all("flow/verifier/entropy" in h for h in logged)
+    after = adapter_weights(model, "verifier")
+    assert any(not torch.equal(start[k], after[k]) for k in start)
+
+
+def test_train_two_nodes_then_run_the_result(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flowlearn.cli import main
+
+    out = tmp_path / "two"
+    flags = [
+        "--planner", str(tiny_model_dir), "--benchmark", "gameof24", "--limit", "2",
+        "--num_generations", "2", "--questions-per-step", "1", "--max-turns", "2",
+        "--max_completion_length", "8", "--engine-max-new-tokens", "8", "--max-steps", "2",
+        "--train_nodes", "planner,verifier", "--bf16", "false", "--output-dir", str(out),
+        "--node_settings", '{"verifier": {"learning_rate": 0.01, "max_new_tokens": 8}}',
+    ]  # fmt: skip
+    assert main(["train", *flags]) == 0
+    final = out / "final"
+    for node in NODES:
+        assert (final / node / "adapter_config.json").is_file()
+        assert (final / node / "adapter_model.safetensors").is_file()
+    assert not (out / "final-adapter").exists() and not (final / "config.json").exists()
+    record = json.loads((final / "flowlearn_adapters.json").read_text())
+    assert record == {"base": str(tiny_model_dir), "nodes": ["planner", "verifier"]}
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    for node in NODES:
+        for key in ("mean_reward", "rows", "tokens", "format_error_rate"):
+            assert f"flow/{node}/{key}" in last
+    capsys.readouterr()
+    question = ["run", "What is 2 + 2?", "--planner", str(final), "--max-turns", "2"]
+    assert main([*question, "--max-new-tokens", "8", "--engine-max-new-tokens", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert "adapters: planner, verifier" in printed and "planner: final:planner" in printed
+    assert f"engine: the one {final} was trained against" in printed
