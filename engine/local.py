@@ -234,7 +234,7 @@ def tuned_parts(model: Any) -> tuple[list[Any], list[Any]]:
     if found is None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
-        layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+        layers: list[Any] = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
         weights = [p for layer in layers for n, p in layer.named_parameters() if "lora_" in n]
         found = _TUNED[model] = (layers, weights)
     return found

@@ -387,8 +387,8 @@ def node_parts(
     """
     nodes = trainer.roles.nodes
     index = piece["flow_node"]
+    parts: list[tuple[dict[str, Any], Callable[[dict[str, Any]], torch.Tensor]]] = []
     present = [n for n in sorted({int(i) for i in index.tolist()}) if n >= 0] or [0]
-    parts = []
     for k, n in enumerate(present):
         rows = (index == n) | ((index < 0) if k == 0 else torch.zeros_like(index, dtype=torch.bool))
         parts.append(

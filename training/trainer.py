@@ -172,8 +172,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.source = source
         self.roles = TrainedRoles.of(args, model, nodes)  # several nodes: an adapter each
         self.nodes = list(self.roles.nodes) if self.roles else nodes
-        parts = self.flow_parts
-        self.model_handle: ModelHandle | None = parts.handle if parts is not None else None
+        self.model_handle: ModelHandle | None = getattr(self.flow_parts, "handle", None)
         """The handle every policy over the trained model shares (TRL's shape, `online`)."""
         self.server: ServerGeneration | None = None
         """Set by `online`: the planner samples on a vLLM server, the adapter pushed to it."""
@@ -183,11 +182,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         reference = frozen_reference(model, args.beta)  # before TRL patches it; as loaded
         upcast_trainable(model)  # fp32 master weights; bf16=True autocasts the compute
         warn_on_dropout(model, args.disable_dropout)
-        adapters = self.roles is not None
-        with (
-            reference_kept_from_trl(args, reference, node_adapters=adapters),
-            vllm_kept_from_trl(args),
-        ):  # ours instead
+        keep = reference_kept_from_trl(args, reference, node_adapters=self.roles is not None)
+        with keep, vllm_kept_from_trl(args):  # ours instead
             super().__init__(
                 model=model,
                 # never called (rewards come from the source); TRL checks reward_weights on them

@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
@@ -108,13 +108,13 @@ def build_flow(
     check_names(spec, tools=context.tools)
     prompts = spec.prompt_set()
     try:
-        planner, engine = load_parts(spec, prompts)
+        loaded, engine = load_parts(spec, prompts)
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
     tools = build_tools(spec, engine, prompts)
-    nodes = planner if isinstance(planner, NodePolicies) else None
+    nodes = loaded if isinstance(loaded, NodePolicies) else None
+    planner: Policy = nodes.for_node("planner") if nodes is not None else cast(Policy, loaded)
     if nodes is not None:
-        planner = nodes.for_node("planner")
         unused = sorted(set(nodes) - {"planner", "verifier"})
         if unused:
             raise UsageError(
