@@ -229,3 +229,36 @@ def test_generator_extracts_answer() -> None:
     untagged = make_generator(FakeChatModel(text="391"))({"question": "q"}, runtime())
     assert untagged["answer"] == "391"
     assert untagged["transitions"][0]["parse_status"] == "no_answer_tags"
+
+
+class PrefillingScript(ScriptedPolicy):  # type: ignore[misc]
+    """A scripted policy that continues a final assistant message, as HFPolicy does."""
+
+    continues_prefill = True
+
+
+@pytest.mark.parametrize("prefills", [True, False])
+def test_a_trained_verifier_samples_both_calls_from_its_policy(prefills: bool) -> None:
+    engine = FakeChatModel(text="Conclusion: STOP")  # never asked: the policy judges
+    policy = (PrefillingScript if prefills else ScriptedPolicy)(
+        ["The answer is 42.", " CONTINUE\nmore"]
+    )
+    node = make_verifier(engine, policy=policy, top_p=0.9, max_new_tokens=7)
+    update = node({"question": "q", "turn": 2}, runtime(planner_temperature=0.7, seed=3))
+    assert engine.calls == [] and len(policy.calls) == 2
+    assert update["verdict"] == "CONTINUE" and "termination" not in update
+    assert update["memory"][0]["analysis"] == "The answer is 42.\nConclusion: CONTINUE"
+    first, second = update["transitions"]
+    assert (first["parse_status"], second["parse_status"]) == ("unclear", "ok")
+    for record in (first, second):  # token-exact records, trainable rows of the verifier
+        assert record["node"] == "verifier" and record["completion_ids"] and record["logprobs"]
+        assert record["sampling"]["temperature"] == 0.7 and record["sampling"]["top_p"] == 0.9
+    assert first["sampling"]["max_new_tokens"] == 7
+    assert first["sampling"]["seed"] != second["sampling"]["seed"]  # each call its own draw
+    if prefills:  # the follow-up continues the reply after the label
+        assert second["messages"][-1] == {
+            "role": "assistant",
+            "content": "The answer is 42.\nConclusion:",
+        }
+    else:  # asked anew
+        assert second["messages"][-1] == {"role": "user", "content": "Conclusion:"}
