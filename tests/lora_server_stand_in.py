@@ -2,9 +2,10 @@
 
 It answers `/v1/completions` (token ids in, token ids and processed logprobs out, as
 `vllm serve --logprobs-mode processed_logprobs` does) from the base model or a loaded adapter,
-named by the request's `model`, and `/v1/load_lora_adapter` / `/v1/unload_lora_adapter` as
-vLLM's runtime LoRA endpoints do: the adapter folder is read when it is loaded (with peft,
-merged into a copy of the base), and what the folder held at that moment is recorded.
+named by the request's `model`, `/v1/load_lora_adapter` / `/v1/unload_lora_adapter` as
+vLLM's runtime LoRA endpoints do (the adapter folder is read when it is loaded, with peft,
+merged into a copy of the base, and what the folder held at that moment is recorded), and
+`/v1/models` as vLLM lists them: the base first, each adapter with the base as its `parent`.
 Serve it with `stand_in_server(StandInLoraServer(...))`.
 """
 
@@ -40,6 +41,8 @@ class StandInLoraServer:
     base_name: str = "base"
     load_reply: Reply | None = None
     """Answer every load with this instead (a server error)."""
+    models_reply: Reply | None = None
+    """Answer `/v1/models` with this instead (a server that does not list its models)."""
     loads: list[Load] = field(default_factory=list)
     unloads: list[str] = field(default_factory=list)
     models_named: list[str] = field(default_factory=list)
@@ -64,7 +67,20 @@ class StandInLoraServer:
             return self._unload(request.body["lora_name"])
         if route == "completions":
             return self._complete(request.body)
+        if route == "models" and self.models_reply is None:
+            return self._models()
+        if route == "models":
+            return self.models_reply
         return Reply(404, {"detail": "Not Found"})
+
+    def _models(self) -> Reply:
+        with self._lock:
+            adapters = [name for name in self._served if name != self.base_name]
+        base = {"id": self.base_name, "object": "model", "root": self.base_name, "parent": None}
+        cards = [
+            {"id": n, "object": "model", "root": n, "parent": self.base_name} for n in adapters
+        ]
+        return Reply(200, {"object": "list", "data": [base, *cards]})
 
     def _load(self, body: dict[str, str]) -> Reply:
         name, path = body["lora_name"], body["lora_path"]

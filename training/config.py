@@ -145,7 +145,9 @@ class FlowGRPOConfig(GRPOConfig):
     planner_url: str | None = _help(
         "Sample the planner on a vLLM server at this base URL (http://HOST:PORT/v1) with "
         "runtime LoRA loading; needs lora. Each step's adapter is loaded into it "
-        "(/v1/load_lora_adapter) as flow-RUNID-stepK, the rollouts' model and policy_version.",
+        "(/v1/load_lora_adapter) as flow-RUNID-stepK, the rollouts' model and policy_version; "
+        "with several train_nodes each node's as flow-RUNID-stepK-NODE, the nodes not trained "
+        "on the served base.",
         None,
     )
     adapter_dir: str | None = _help(
@@ -243,12 +245,22 @@ class FlowGRPOConfig(GRPOConfig):
                 "Set lora on (the default for several nodes): one adapter per node on one base"
             )
         self.lora = True
-        for option in ("use_vllm", "planner_url"):
-            if getattr(self, option):
-                raise ValueError(
-                    f"{option} with train_nodes {self.train_nodes} is not supported yet: only "
-                    "the planner's adapter is served; train several nodes with local rollouts"
-                )
+        if self.use_vllm:
+            raise ValueError(
+                f"use_vllm with train_nodes {self.train_nodes} is not supported yet: TRL's vLLM "
+                "engine syncs one model's weights, not an adapter per node; train several nodes "
+                "with local rollouts, or on your vLLM server with planner_url (each node's "
+                "adapter pushed to it)"
+            )
+        if self.planner_url:  # each node's adapter on the server, sampled at TRL's top_p
+            for node, settings in self.node_roles().items():
+                if settings.top_p is not None and settings.top_p < 1:
+                    raise ValueError(
+                        f"node_settings[{node!r}]['top_p'] {settings.top_p} with planner_url: "
+                        "the server's processed logprobs are renormalised over the top-p "
+                        "nucleus, while the trainer scores the full distribution; leave the "
+                        "node's top_p unset or 1"
+                    )
         if self.ddp_find_unused_parameters is None:  # a micro-batch reaches one adapter
             self.ddp_find_unused_parameters = True
 

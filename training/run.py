@@ -50,7 +50,7 @@ from flowlearn.training.rollouts import Rollouts, format_penalty, new_run_id
 from flowlearn.training.rows import StepCredit
 from flowlearn.training.trainer import FlowGRPOTrainer
 from flowlearn.training.trajectories import TrajectoryStore, load_trajectories
-from flowlearn.training.vllm.lora_server import ServerGeneration
+from flowlearn.training.vllm.lora_server import ServerGeneration, served_base_name
 
 logger = logging.getLogger(__name__)
 
@@ -150,9 +150,7 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
             reward_errors=config.reward_errors,
             rollout_concurrency=config.rollout_concurrency,
             handle=parts.handle,
-            server=ServerGeneration.at(config.planner_url, config.adapter_dir or out / "adapters")
-            if config.planner_url
-            else None,
+            server=served(config, out),
             extra_rewards={"format_penalty": format_penalty(config.format_penalty)}
             if config.format_penalty
             else None,
@@ -169,6 +167,20 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
         prompts=parts.prompts,
         engine=parts.engine_name,
         base=parts.base_name,
+    )
+
+
+def served(config: FlowGRPOConfig, out: Path) -> ServerGeneration | None:
+    """Return the rollouts' vLLM server (`planner_url`), adapters under `adapter_dir`, or None.
+
+    With several trained nodes, the nodes not trained name the served base: the engine's name
+    when `engine_url` is the same server, else the server's own answer.
+    """
+    if not config.planner_url:
+        return None
+    base = served_base_name(config.planner_url, config.engine_url, config.engine)
+    return ServerGeneration.at(
+        config.planner_url, config.adapter_dir or out / "adapters", base=base
     )
 
 

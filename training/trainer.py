@@ -38,6 +38,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from flowlearn.engine.adapters import NodePolicies, NodeSampling, node_policies
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.protocol import Policy
+from flowlearn.engine.server import ServerPolicy
 from flowlearn.engine.tokens import ModelHandle
 from flowlearn.errors import TrainingDivergedError
 from flowlearn.evals.cases import Case
@@ -428,25 +429,34 @@ def live_policy(trainer: Any, model: Any) -> Policy:
 
     It samples locally on the trainer's handle (shared with the frozen base), on a vLLM server
     under this step's LoRA adapter (`trainer.server`), or on TRL's vLLM engine
-    (`trainer.vllm`).
+    (`trainer.vllm`). With several trained nodes it is a `NodePolicies`: each node under its
+    own adapter (locally, or on the server under its own name), the others on the base.
     """
     if trainer.model_handle is None or trainer.model_handle.model is not model:
         trainer.model_handle = ModelHandle(model, trainer.processing_class)
     version = f"{trainer.args.output_dir}@{trainer.state.global_step}"
-    if trainer.server is not None:  # on the server, under this step's adapter
-        return trainer.server.live_policy(trainer, model)  # type: ignore[no-any-return]
+    roles: TrainedRoles | None = trainer.roles
+    if trainer.server is not None:  # on the server, under this step's adapter (each node's)
+        served: ServerPolicy | NodePolicies = trainer.server.live_policy(trainer, model)
+        if isinstance(served, NodePolicies) and roles is not None:
+            return own_sampling(served, roles)  # type: ignore[return-value]
+        return served  # type: ignore[return-value]
     if trainer.vllm is not None:  # TRL's vLLM engine, weights synced each step
         return trainer.vllm.policy(trainer, version)  # type: ignore[no-any-return]
     policy = HFPolicy.on(trainer.model_handle, version=version)
-    roles: TrainedRoles | None = trainer.roles
     if roles is None:
         return policy
     nodes = node_policies(policy, roles.nodes)  # an adapter each, the base beside them
+    return own_sampling(nodes, roles)  # type: ignore[return-value]
+
+
+def own_sampling(nodes: NodePolicies, roles: TrainedRoles) -> NodePolicies:
+    """Give each trained node its own top-p and token budget (`NodeSampling`)."""
     tuned = {
         n: NodeSampling(p, roles.own(n).top_p, roles.own(n).max_new_tokens)
         for n, p in nodes.items()
     }
-    return NodePolicies(tuned, nodes.base)  # type: ignore[return-value]
+    return NodePolicies(tuned, nodes.base)
 
 
 def stop_if_not_finite(name: str, value: Any, step: int) -> None:

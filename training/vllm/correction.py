@@ -17,6 +17,8 @@ Why it looks like this:
    waits for one without.
 5. Stale rows are counted in `flow/stale_rows` (every step), their mean weight in
    `flow/stale_is_ratio`; with the correction off they are counted and trained as sampled.
+   With several trained nodes each node has its own current adapter: a row is stale when its
+   version is not its node's, and is scored under its node's adapter.
 6. On TRL's vLLM generation (`use_vllm`) every row needs it: vLLM samples with its own kernels,
    so its logprobs differ from the training forward's. TRL's vLLM path takes the old logprobs
    from the training forward and weighs each row's loss by the same ratio
@@ -26,12 +28,14 @@ Why it looks like this:
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from flowlearn.engine.adapters import active_adapter
 from flowlearn.training.batches import rows_to_tensors
 from flowlearn.training.model import forward_logps
 from flowlearn.training.rows import FlowGRPORow
@@ -77,19 +81,32 @@ def importance_weights(
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
-def stale_rows(rows: Sequence[FlowGRPORow], current: str) -> list[FlowGRPORow]:
-    """Return the rows some other version than `current` sampled (unversioned rows are not)."""
-    return [r for r in rows if r.policy_version is not None and r.policy_version != current]
+Current = str | Mapping[str, str]
+"""The version of the weights being trained: one, or each trained node's (by `row.node`)."""
 
 
-def correct_stale_rows(trainer: Any, rows: Sequence[FlowGRPORow], current: str) -> int:
+def stale_rows(rows: Sequence[FlowGRPORow], current: Current) -> list[FlowGRPORow]:
+    """Return the rows some other version than `current` sampled (unversioned rows are not).
+
+    With a version per node, a row is stale when its version is not its node's.
+    """
+    return [r for r in rows if r.policy_version is not None and r.policy_version != now(r, current)]
+
+
+def now(row: FlowGRPORow, current: Current) -> str | None:
+    """Return the version of the weights training `row` now (None: its node is not trained)."""
+    return current if isinstance(current, str) else current.get(row.node)
+
+
+def correct_stale_rows(trainer: Any, rows: Sequence[FlowGRPORow], current: Current) -> int:
     """Reweigh the stale rows in place (old logprobs, token scales); return and log their count.
 
     Args:
         trainer: a `FlowGRPOTrainer`: its unwrapped model scores the rows, its args hold
             TRL's `vllm_importance_sampling_*` settings, its metrics get the counts.
         rows: this process's rows of the step.
-        current: the version of the weights being trained.
+        current: the version of the weights being trained; with several trained nodes, each
+            node's (its adapter's name), and each node's rows are scored under its adapter.
 
     """
     stale = stale_rows(rows, current)
@@ -99,6 +116,23 @@ def correct_stale_rows(trainer: Any, rows: Sequence[FlowGRPORow], current: str) 
     if not stale or not getattr(args, "vllm_importance_sampling_correction", True):
         return len(stale)
     model = trainer.accelerator.unwrap_model(trainer.model)
+    weights: list[float] = []
+    nodes: list[str | None] = [None] if isinstance(current, str) else [r.node for r in stale]
+    for node in dict.fromkeys(nodes):  # one adapter: every stale row at once; else by node
+        group = [r for r in stale if node is None or r.node == node]
+        with contextlib.nullcontext() if node is None else active_adapter(model, node):
+            weights += reweigh(trainer, model, group)
+    if weights:
+        metrics["flow/stale_is_ratio"].append(sum(weights) / len(weights))
+    return len(stale)
+
+
+def reweigh(trainer: Any, model: Any, stale: Sequence[FlowGRPORow]) -> list[float]:
+    """Score `stale` under `model` as it is now; set their old logprobs and token scales.
+
+    Returns every completion token's importance weight.
+    """
+    args = trainer.args
     tensors = rows_to_tensors(
         stale, trainer.processing_class.pad_token_id, trainer.accelerator.device, [1.0] * len(stale)
     )
@@ -116,9 +150,7 @@ def correct_stale_rows(trainer: Any, rows: Sequence[FlowGRPORow], current: str) 
         row.old_logprobs = ours.tolist()  # a new list: the transition's stays as sampled
         row.token_scales = scale.tolist()
         weights += row.token_scales
-    if weights:
-        metrics["flow/stale_is_ratio"].append(sum(weights) / len(weights))
-    return len(stale)
+    return weights
 
 
 def importance_ratio(trainer: Any, sampled: Any, recomputed: Any, mask: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Planner rollouts on a vLLM server: each step's LoRA adapter pushed over HTTP, then named.
+"""Rollouts on a vLLM server: each step's LoRA adapter (one per trained node) pushed, then named.
 
 Why it looks like this:
 1. vLLM serves LoRA adapters beside its base model and loads new ones at run time
@@ -17,6 +17,12 @@ Why it looks like this:
 4. Only the main process saves and loads; the others wait for the outcome, and an error
    reaches every process, so none waits forever. The current adapter and the one before it
    stay loaded (`keep`); older ones are unloaded and their folders removed.
+5. Several trained nodes (`train_nodes`, one PEFT adapter per node) push an adapter each,
+   named `flow-<run id>-step<k>-<node>`, and `keep` counts per node. Each node's requests name
+   its own; a node that is not trained names the served base model, so it runs with every
+   adapter off, as it does in the trainer's process. That name is the engine's when
+   `engine_url` is the same server, else the server's own answer (`/v1/models`, the model
+   with no parent), asked once before the first push; a server that cannot say is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowlearn.engine.adapters import NodePolicies
 from flowlearn.engine.server import ServerPolicy
 from flowlearn.errors import AdapterError
 from flowlearn.files import save_atomically
@@ -44,9 +51,17 @@ START_HINT = (
 )
 
 
-def adapter_name(run_id: str | None, step: int) -> str:
-    """Return the served name of the adapter trained for `step` steps in run `run_id`."""
-    return f"flow-{run_id or 'run'}-step{step}"
+SINGLE = "default"
+"""The adapter of a planner trained alone (PEFT's default name)."""
+
+
+def adapter_name(run_id: str | None, step: int, node: str | None = None) -> str:
+    """Return the served name of the adapter trained for `step` steps in run `run_id`.
+
+    `node` names one of several trained nodes' adapters: `flow-<run id>-step<k>-<node>`.
+    """
+    name = f"flow-{run_id or 'run'}-step{step}"
+    return f"{name}-{node}" if node else name
 
 
 @dataclass
@@ -65,6 +80,8 @@ class AdapterServer:
     """Seconds one request may take (a load reads the folder and may allocate a slot)."""
     loaded: list[str] = field(default_factory=list)
     """The names this run loaded and has not unloaded, oldest first."""
+    holds: dict[str, str] = field(default_factory=dict)
+    """The model's adapter each pushed name holds (a node's; `keep` counts per adapter)."""
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -79,21 +96,61 @@ class AdapterServer:
         self.url = self.url.rstrip("/")
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout_s)
 
-    def push(self, model: Any, name: str) -> Path:
-        """Save `model`'s LoRA adapter as `adapter_dir/name`, load it as `name`, drop old ones.
+    def push(self, model: Any, name: str, adapter: str = SINGLE) -> Path:
+        """Save `model`'s LoRA adapter `adapter` under `adapter_dir/name`, load it as `name`.
+
+        Then unload the names of the same adapter older than the last `keep`. Returns the
+        folder the server read (PEFT writes an adapter not named `default` into a subfolder
+        of its name).
 
         Raises:
             AdapterError: the server is unreachable or refused the adapter.
 
         """
-        folder = save_atomically(
+        saved = save_atomically(
             self.adapter_dir / name,
-            lambda staging: model.save_pretrained(staging, selected_adapters=["default"]),
+            lambda staging: model.save_pretrained(staging, selected_adapters=[adapter]),
         )
+        folder = saved if (saved / "adapter_config.json").is_file() else saved / adapter
         self.load(name, folder.resolve())
-        for old in self.loaded[: -self.keep]:
+        self.holds[name] = adapter
+        same = [n for n in self.loaded if self.holds.get(n, SINGLE) == adapter]
+        for old in same[: -self.keep]:
             self.unload(old)
         return folder
+
+    def served_base(self) -> str:
+        """Return the name the server serves its base model under (vLLM's `/v1/models`).
+
+        That is the listed model without a `parent` (adapters have one); several names of one
+        model (`--served-model-name a b`) give the first.
+
+        Raises:
+            AdapterError: the server is unreachable, or its listing names no single base.
+
+        """
+        status, text = self._call("GET", "/models", "list its models")
+        try:
+            listing = json.loads(text) if status < 400 else None
+        except ValueError:
+            listing = None
+        cards = listing.get("data") if isinstance(listing, dict) else None
+        bases = [
+            c
+            for c in (cards if isinstance(cards, list) else [])
+            if isinstance(c, dict) and isinstance(c.get("id"), str) and not c.get("parent")
+        ]
+        if bases and len({c.get("root") or c["id"] for c in bases}) == 1:
+            return str(bases[0]["id"])
+        ids = [c["id"] for c in bases]
+        said = f"HTTP {status}: {redact(text[:300])}" if status >= 400 else f"base models {ids}"
+        raise AdapterError(
+            f"the planner server at {redact(self.url)} does not name one base model in "
+            f"/v1/models ({said}); the nodes that are not trained run on the base with every "
+            "adapter off, so its served name is needed: set engine_url to planner_url and "
+            "engine to the base model's served name (in Python, ServerGeneration.at(..., "
+            "base=NAME))"
+        )
 
     def load(self, name: str, folder: Path) -> None:
         """Load the adapter in `folder` under `name`; one of that name already there is replaced.
@@ -103,11 +160,11 @@ class AdapterServer:
 
         """
         body = {"lora_name": name, "lora_path": str(folder)}
-        status, text = self._post("/load_lora_adapter", body, name)
+        status, text = self._call("POST", "/load_lora_adapter", f"load {name!r}", body)
         if status == 400 and "already" in text.lower():  # left by a crashed run: reload
             logger.info("adapter %s was already on %s; loading it again", name, redact(self.url))
-            self._post("/unload_lora_adapter", {"lora_name": name}, name)
-            status, text = self._post("/load_lora_adapter", body, name)
+            self._call("POST", "/unload_lora_adapter", f"unload {name!r}", {"lora_name": name})
+            status, text = self._call("POST", "/load_lora_adapter", f"load {name!r}", body)
         if status >= 400:
             raise AdapterError(refusal(self.url, name, folder, status, text))
         if name in self.loaded:
@@ -116,7 +173,9 @@ class AdapterServer:
 
     def unload(self, name: str) -> None:
         """Unload `name` and remove its folder; a refusal is a warning (training goes on)."""
-        status, text = self._post("/unload_lora_adapter", {"lora_name": name}, name)
+        status, text = self._call(
+            "POST", "/unload_lora_adapter", f"unload {name!r}", {"lora_name": name}
+        )
         if status >= 400:
             logger.warning(
                 "the planner server at %s did not unload adapter %s (HTTP %d: %s); it keeps "
@@ -127,21 +186,24 @@ class AdapterServer:
                 redact(text[:300]),
             )
         self.loaded.remove(name)
+        self.holds.pop(name, None)
         shutil.rmtree(self.adapter_dir / name, ignore_errors=True)
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._client.close()
 
-    def _post(self, route: str, body: dict[str, str], name: str) -> tuple[int, str]:
+    def _call(
+        self, method: str, route: str, what: str, body: dict[str, str] | None = None
+    ) -> tuple[int, str]:
         import httpx
 
         try:
-            response = self._client.post(route, json=body)
+            response = self._client.request(method, route, json=body)
         except httpx.HTTPError as exc:
             raise AdapterError(
-                f"cannot reach the planner server at {redact(self.url)} to {route.strip('/')} "
-                f"{name!r} ({type(exc).__name__}: {redact(str(exc))}); check planner_url and "
+                f"cannot reach the planner server at {redact(self.url)} to {what} "
+                f"({type(exc).__name__}: {redact(str(exc))}); check planner_url and "
                 f"that the server is up: {START_HINT}"
             ) from None
         return response.status_code, response.text
@@ -175,33 +237,58 @@ def _route_missing(text: str) -> bool:
 
 @dataclass
 class ServerGeneration:
-    """The trainer's side: push the live adapter before each step's rollouts, then plan on it."""
+    """The trainer's side: push the live adapters before each step's rollouts, then use them."""
 
     server: AdapterServer
+    base: str | None = None
+    """The name the server serves the base model under, which the nodes that are not trained
+    name (several trained nodes only); None: asked of the server before the first push."""
     published: int | None = None
-    """The step whose adapter the server holds (None: none yet)."""
-    policy: ServerPolicy | None = None
-    """The planner of the current step's rollouts."""
+    """The step whose adapters the server holds (None: none yet)."""
+    policies: dict[str, ServerPolicy] = field(default_factory=dict)
+    """The current step's policies, by the served name they request."""
 
     @classmethod
-    def at(cls, url: str, adapter_dir: str | Path, *, keep: int = 2) -> ServerGeneration:
-        """Build it for the vLLM server at `url`, writing adapters under `adapter_dir`."""
-        return cls(AdapterServer(url, Path(adapter_dir), keep=keep))
+    def at(
+        cls, url: str, adapter_dir: str | Path, *, keep: int = 2, base: str | None = None
+    ) -> ServerGeneration:
+        """Build it for the vLLM server at `url`, writing adapters under `adapter_dir`.
 
-    def current(self, trainer: Any) -> str:
-        """Return the name of the adapter that holds the trainer's weights now."""
-        return adapter_name(getattr(trainer.source, "run_id", None), trainer.state.global_step)
+        `base` names the server's base model, if known (see `served_base_name`).
+        """
+        return cls(AdapterServer(url, Path(adapter_dir), keep=keep), base=base)
 
-    def live_policy(self, trainer: Any, model: Any) -> ServerPolicy:
-        """Return the planner for this step's rollouts, pushing the adapter it names first.
+    def current(self, trainer: Any, node: str | None = None) -> str:
+        """Return the name of the adapter that holds the trainer's weights now (`node`'s)."""
+        run_id = getattr(trainer.source, "run_id", None)
+        return adapter_name(run_id, trainer.state.global_step, node)
+
+    def names(self, trainer: Any) -> dict[str, str]:
+        """Return the served name of each adapter of the trainer's model, by adapter name.
+
+        The planner trained alone: PEFT's `default` adapter; several trained nodes
+        (`trainer.roles`): one adapter per node, named after it.
+        """
+        roles = getattr(trainer, "roles", None)
+        if roles is None:
+            return {SINGLE: self.current(trainer)}
+        return {node: self.current(trainer, node) for node in roles.nodes}
+
+    def live_policy(self, trainer: Any, model: Any) -> ServerPolicy | NodePolicies:
+        """Return the policy of this step's rollouts, pushing the adapters it names first.
+
+        The planner trained alone: a `ServerPolicy` naming this step's adapter. Several
+        trained nodes: a `NodePolicies` of one `ServerPolicy` per node, each naming its node's
+        adapter, over a base `ServerPolicy` naming the served base model (every adapter off).
 
         Args:
-            trainer: the `FlowGRPOTrainer` (its step, run id, tokenizer and processes).
+            trainer: the `FlowGRPOTrainer` (its step, run id, roles, tokenizer and processes).
             model: its unwrapped model, a PeftModel.
 
         Raises:
             ValueError: a model without a LoRA adapter.
-            AdapterError: the server could not take the adapter (on every process).
+            AdapterError: the server could not take an adapter, or (several nodes) does not
+                say which base model it serves (on every process).
 
         """
         if not hasattr(model, "peft_config"):
@@ -210,40 +297,68 @@ class ServerGeneration:
                 "train with lora on, or for full fine-tuning generate with TRL's vLLM path "
                 "(use_vllm with vllm_mode server or colocate)"
             )
-        name = self.current(trainer)
+        names = self.names(trainer)
+        several = getattr(trainer, "roles", None) is not None
         if self.published != trainer.state.global_step:
-            self._publish(trainer, model, name)
+            self._publish(trainer, model, names, base=several)
             self.published = trainer.state.global_step
-        if self.policy is None or self.policy.model != name:
-            if self.policy is not None:
-                self.policy.close()
-            self.policy = ServerPolicy(
-                self.server.url,
-                name,
-                tokenizer=trainer.processing_class,
-                api_key_env=self.server.api_key_env,
-                timeout_s=self.server.timeout_s,
-                version=name,
-            )
-        return self.policy
+        wanted = [*names.values(), *([str(self.base)] if several else [])]
+        for stale in [name for name in self.policies if name not in wanted]:
+            self.policies.pop(stale).close()
+        for name in wanted:
+            if name not in self.policies:
+                self.policies[name] = ServerPolicy(
+                    self.server.url,
+                    name,
+                    tokenizer=trainer.processing_class,
+                    api_key_env=self.server.api_key_env,
+                    timeout_s=self.server.timeout_s,
+                    version=name if name != self.base else None,  # the base: `<name>@server`
+                )
+        if not several:
+            return self.policies[names[SINGLE]]
+        trained = {node: self.policies[name] for node, name in names.items()}
+        return NodePolicies(trained, self.policies[str(self.base)])
 
     def correct(self, trainer: Any, rows: list[FlowGRPORow]) -> None:
-        """Importance-correct the rows an older adapter sampled, and count them."""
-        correct_stale_rows(trainer, rows, self.current(trainer))
+        """Importance-correct the rows an older adapter sampled (each node's), and count them."""
+        names = self.names(trainer)
+        current = names if getattr(trainer, "roles", None) is not None else names[SINGLE]
+        correct_stale_rows(trainer, rows, current)
 
-    def _publish(self, trainer: Any, model: Any, name: str) -> None:
-        """Push on the main process; every process gets its outcome (an error raises on all)."""
+    def _publish(self, trainer: Any, model: Any, names: dict[str, str], *, base: bool) -> None:
+        """Push on the main process; every process gets its outcome (an error raises on all).
+
+        With `base`, the served base's name is learnt first (`served_base`) unless given, so a
+        server that cannot say is refused before anything is loaded.
+        """
         from accelerate.utils import broadcast_object_list
 
-        box: list[str | None] = [None]
+        box: list[str | None] = [None, self.base]
         error: BaseException | None = None
         if trainer.accelerator.is_main_process:
             try:
-                self.server.push(model, name)
+                if base and box[1] is None:
+                    box[1] = self.server.served_base()
+                for adapter, name in names.items():
+                    self.server.push(model, name, adapter)
             except Exception as exc:  # every process must hear of it, or the others hang
                 box[0], error = f"{type(exc).__name__}: {exc}", exc
         broadcast_object_list(box)
         if error is not None:
             raise error
         if box[0] is not None:
-            raise AdapterError(f"the main process could not push adapter {name!r}: {box[0]}")
+            pushed = ", ".join(repr(n) for n in names.values())
+            raise AdapterError(f"the main process could not push adapters {pushed}: {box[0]}")
+        self.base = box[1]
+
+
+def served_base_name(planner_url: str, engine_url: str | None, engine: str | None) -> str | None:
+    """Return the served base's name a config gives: the engine's, on the planner's server.
+
+    With `engine_url` the same server as `planner_url`, `engine` is the name it serves its base
+    model under (the adapters' base); otherwise None, to be asked of the server.
+    """
+    if engine_url is None or engine_url.rstrip("/") != planner_url.rstrip("/"):
+        return None
+    return engine
