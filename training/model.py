@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from flowlearn.engine.adapters import switch_adapter
 from flowlearn.engine.loading import (
     load_model_and_tokenizer,
     parameter_count,
@@ -205,13 +206,38 @@ def recompute_old_logps(trainer: Any, tensors: dict[str, Any]) -> None:
     batch shapes as its numerator, so at the first update the ratio is 1 exactly; the logged
     ones differ by the numerics of generation (bf16 and KV-cached decoding). The gap is the
     metric `flow/old_logprob_gap`, the mean |logged - recomputed| over completion tokens.
+    With an adapter per trained node (`flow_node`), each node's rows are scored under its own.
     """
-    recomputed = forward_logps(trainer, trainer.model, tensors)
+    if "flow_node" in tensors:
+        recomputed = node_logps(trainer, tensors)
+    else:
+        recomputed = forward_logps(trainer, trainer.model, tensors)
     mask = tensors["completion_mask"].bool()
     if bool(mask.any()):
         gap = (tensors["old_per_token_logps"] - recomputed).abs()[mask].mean()
         trainer._metrics["train"]["flow/old_logprob_gap"].append(float(gap))
     tensors["old_per_token_logps"] = recomputed.to(tensors["old_per_token_logps"].dtype)
+
+
+def node_logps(trainer: Any, tensors: dict[str, Any]) -> Any:
+    """Return `forward_logps` of every row under its own node's adapter (`flow_node`).
+
+    Padding rows (node -1) are scored with the first node's and carry no completion token.
+    """
+    live = trainer.accelerator.unwrap_model(trainer.model)
+    index = tensors["flow_node"]
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+    out = None
+    for k, node in enumerate(trainer.roles.nodes):
+        rows = ((index == k) | ((index < 0) & (k == 0))).nonzero().squeeze(1)
+        if not len(rows):
+            continue
+        switch_adapter(live, node)
+        logps = forward_logps(trainer, trainer.model, {key: tensors[key][rows] for key in keys})
+        if out is None:
+            out = logps.new_zeros(index.size(0), logps.size(1))
+        out[rows] = logps
+    return out
 
 
 def load_planner(
