@@ -10,10 +10,13 @@ Why it is built this way:
    micro-batch must not freeze the rest: `active_adapter` switches the tuner layers and puts
    every adapter's `requires_grad` back as it was. A row's gradient still reaches only its
    node's adapter: the others take no part in its forward.
-3. Calls under different adapters decode in separate batches (a `BatchingPolicy` per node on
-   the shared handle; the lock interleaves their steps), not in one mixed batch through PEFT's
-   `adapter_names`, which PEFT refuses in training mode and which would have to be re-sent per
-   row at every decode step of a continuous batch (`bench/adapter_batches.py` measures both).
+3. Calls under different adapters decode in one batch (`mixed_batching`): every row names its
+   adapter, and each forward passes them to PEFT (`adapter_names`, PEFT's mixed-adapter
+   batches; the base's rows are `tokens.BASE_ROW`). On SmolLM2-135M (CPU, 8 rows per node, a
+   256-token prompt) a decode step took 167 ms against 228 ms for a forward per adapter
+   (`bench/adapter_batches.py`, results in bench/results/adapter_batches.json). PEFT refuses
+   `adapter_names` in training mode: rollouts sample in eval mode, and the update switches
+   adapters per micro-batch instead (`switch_adapter`).
 4. A training result of several nodes is a folder with one adapter per node in `<node>/` (as
    PEFT's `save_pretrained` writes named adapters), the tokenizer, and `ADAPTERS_RECORD`
    naming the base model, so `flowlearn run --planner FOLDER` rebuilds it with one base copy.
@@ -28,11 +31,14 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from flowlearn.engine.batching import BatchingPolicy
 from flowlearn.engine.local import FrozenBasePolicy, HFPolicy, trainability_kept, tuned_parts
 from flowlearn.engine.protocol import continues_prefill
 from flowlearn.engine.sampling import Generation, Messages, Sampling
+from flowlearn.engine.stops import StopWatch
+from flowlearn.engine.tokens import BASE_ROW, ModelHandle
 
 ADAPTERS_RECORD = "flowlearn_adapters.json"
 """The file in a training result of several nodes that names its base model and its nodes."""
@@ -198,6 +204,90 @@ class NodePolicies(Mapping[str, Any]):
     def for_node(self, node: str) -> Any:
         """Return the node's policy: its adapter's if trained, else the base's."""
         return self.trained.get(node, self.base)
+
+
+@dataclass(frozen=True)
+class AdapterBatching:
+    """One node's calls, decoded in a batch that every node's adapter shares (`mixed_batching`).
+
+    Its rows name its adapter (`BASE_ROW` for the base); it records its own policy's version,
+    and streams or scores choices through that single-call policy (`scoped`).
+    """
+
+    batching: BatchingPolicy
+    """The batch every node of the model shares (over a plain policy on its handle)."""
+    scoped: HFPolicy
+    """This node's own single-call policy: an `AdapterPolicy`, or the `FrozenBasePolicy`."""
+    adapter: str
+    """The adapter its rows decode under; `BASE_ROW`: none."""
+    continues_prefill: ClassVar[bool] = True
+
+    @property
+    def handle(self) -> ModelHandle:
+        """The shared model's handle."""
+        return self.batching.handle
+
+    @property
+    def version(self) -> str:
+        """The node's policy version."""
+        return self.scoped.version
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        """Render `messages` with the chat template and return the prompt's token ids."""
+        return self.scoped.encode_chat(messages)
+
+    def forward_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Its own policy's scope (its adapter on, or every adapter off), for scored choices."""
+        return self.scoped.forward_scope()
+
+    def generate(
+        self,
+        messages: Messages,
+        sampling: Sampling,
+        *,
+        streamer: Any = None,
+        stopping: StopWatch | None = None,
+    ) -> Generation:
+        """Queue one call into the shared batch under this node's adapter; streams run alone."""
+        if streamer is not None:
+            return self.scoped.generate(messages, sampling, streamer=streamer, stopping=stopping)
+        prompt, notes = self.scoped.fit_prompt(self.encode_chat(messages), sampling.max_new_tokens)
+        future = self.batching.submit(
+            prompt, sampling, notes, stopping=stopping, adapter=self.adapter, version=self.version
+        )
+        return future.result()
+
+
+def mixed_batching(policies: NodePolicies, max_batch_size: int) -> NodePolicies:
+    """Return `policies` decoding together: one batch of mixed adapters for every node.
+
+    Each trained node's `AdapterPolicy` (inside a `NodeSampling`, if any) and the base become
+    `AdapterBatching` fronts of one `BatchingPolicy` on their shared handle.
+    """
+
+    def own(policy: Any) -> HFPolicy:
+        inner = policy.wrapped if isinstance(policy, NodeSampling) else policy
+        if not isinstance(inner, HFPolicy):
+            raise TypeError(f"mixed batching needs local policies, got {type(inner).__name__}")
+        return inner
+
+    base = own(policies.base)
+    shared = BatchingPolicy(HFPolicy.on(base.handle, version=base.version), max_batch_size)
+
+    def front(policy: Any, adapter: str) -> Any:
+        batched = AdapterBatching(shared, own(policy), adapter)
+        if isinstance(policy, NodeSampling):
+            return dataclasses.replace(policy, wrapped=batched)
+        return batched
+
+    def adapter(policy: Any) -> str:
+        inner = own(policy)
+        if not isinstance(inner, AdapterPolicy):
+            raise TypeError(f"a trained node's policy must be an AdapterPolicy, got {inner!r}")
+        return inner.adapter
+
+    trained = {node: front(p, adapter(p)) for node, p in policies.trained.items()}
+    return NodePolicies(trained, front(policies.base, BASE_ROW))
 
 
 def node_policies(

@@ -76,6 +76,8 @@ def call_key(
     sampling: Sampling,
     notes: Sequence[str],
     stopping: StopWatch | None,
+    adapter: str | None = None,
+    version: str | None = None,
 ) -> Hashable | None:
     """Return what makes two calls decode alike, or None for a sampled call (never shared)."""
     if sampling.temperature != 0:
@@ -85,7 +87,7 @@ def call_key(
         if stopping is None
         else (stopping.stop, stopping.repetition, stopping.json_prefix, stopping.ends)
     )
-    return (tuple(prompt_ids), sampling, tuple(notes), watch)
+    return (tuple(prompt_ids), sampling, tuple(notes), watch, adapter, version)
 
 
 def _copy_watch(leader: StopWatch | None, follower: StopWatch | None) -> None:
@@ -255,21 +257,36 @@ class BatchingPolicy:
         notes: Sequence[str] = (),
         *,
         stopping: StopWatch | None = None,
+        adapter: str | None = None,
+        version: str | None = None,
     ) -> Future[Generation]:
         """Queue a prompt given as token ids; its future resolves when it is decoded.
 
         An unseeded sampled request draws its seed here, on the caller's thread, from torch's
         global generator, so calls submitted in a fixed order sample repeatably. A greedy call
-        identical to one in flight shares its decoding (`SharedCalls`).
+        identical to one in flight shares its decoding (`SharedCalls`). `adapter` decodes the
+        row under that LoRA adapter in a batch of mixed adapters (`tokens.BASE_ROW`: none),
+        recording `version` (`engine.adapters.AdapterBatching`).
         """
 
         def start() -> Future[Generation]:
-            request = Request(list(prompt_ids), sampling, list(notes), watch=stopping)
+            request = Request(
+                list(prompt_ids),
+                sampling,
+                list(notes),
+                watch=stopping,
+                adapter=adapter,
+                version=version,
+            )
             self._queue.put(request)
             self._ensure_worker()
             return request.future
 
-        key = call_key(prompt_ids, sampling, notes, stopping) if self.share_greedy_calls else None
+        key = (
+            call_key(prompt_ids, sampling, notes, stopping, adapter, version)
+            if self.share_greedy_calls
+            else None
+        )
         return self.shared_calls.join(key, stopping, start)
 
     def close(self) -> None:

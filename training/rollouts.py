@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
-from flowlearn.engine.adapters import NodePolicies, NodeSampling
+from flowlearn.engine.adapters import NodePolicies, NodeSampling, mixed_batching
 from flowlearn.engine.batching import BatchingPolicy
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.protocol import Policy
@@ -337,12 +337,12 @@ class Rollouts:
 def batched(policy: Any, concurrency: int) -> Any:
     """Return `policy` decoding its concurrent calls together (`BatchingPolicy`), when local.
 
-    Each node's policy of a `NodePolicies` gets a batcher of its own (calls under different
-    adapters decode in separate batches); a server batches its own.
+    The nodes of a local `NodePolicies` share one batch of mixed adapters (`mixed_batching`);
+    a server batches its own.
     """
     if isinstance(policy, NodePolicies):
-        trained = {node: batched(p, concurrency) for node, p in policy.trained.items()}
-        return NodePolicies(trained, batched(policy.base, concurrency))
+        local = isinstance(policy.base, HFPolicy)
+        return mixed_batching(policy, concurrency) if concurrency > 1 and local else policy
     if isinstance(policy, NodeSampling):
         return dataclasses.replace(policy, wrapped=batched(policy.wrapped, concurrency))
     if concurrency > 1 and isinstance(policy, HFPolicy):

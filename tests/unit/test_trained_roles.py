@@ -332,3 +332,35 @@ def test_recomputed_old_logprobs_score_each_row_under_its_own_nodes_adapter(
     # The logged noise alone (normal, std 0.15: a mean |gap| of 0.12) measured 0.104; scoring
     # every row under one adapter measured 0.165 (deterministic: no sampling, no update yet).
     assert gap < 0.13
+
+
+def test_nodes_decode_in_one_batch_of_mixed_adapters_as_each_would_alone(
+    tiny_model_dir: Path,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flowlearn.engine.adapters import AdapterBatching, mixed_batching, node_policies
+
+    model = with_adapters(tiny_model_dir, NODES, scale=1.0).eval()
+    base = HFPolicy(model, AutoTokenizer.from_pretrained(tiny_model_dir), version="m@0")
+    alone = node_policies(base, NODES)
+    together = mixed_batching(alone, max_batch_size=16)
+    assert all(isinstance(p, AdapterBatching) for p in [*together.values(), together.base])
+    chats = [[{"role": "user", "content": f"question {i} " + "word " * (i % 3)}] for i in range(4)]
+    greedy = Sampling(temperature=0.0, max_new_tokens=6)
+    calls = [(node, chat) for node in (*NODES, "base") for chat in chats]
+
+    def run(policies: Any, call: tuple[str, Any]) -> Any:
+        node, chat = call
+        policy = policies.base if node == "base" else policies[node]
+        return policy.generate(chat, greedy)
+
+    expected = [run(alone, call) for call in calls]
+    with ThreadPoolExecutor(len(calls)) as pool:  # all in flight: one batch, three adapters
+        got = list(pool.map(lambda call: run(together, call), calls))
+    assert together.base.batching.stats.steps < sum(len(g.completion_ids) for g in got)
+    for (node, _), want, have in zip(calls, expected, got, strict=True):
+        assert have.completion_ids == want.completion_ids, node
+        assert have.policy_version == want.policy_version
+        assert torch.allclose(torch.tensor(have.logprobs), torch.tensor(want.logprobs), atol=1e-4)
+    assert {g.policy_version.rsplit(":", 1)[1] for g in got} == {"planner", "verifier", "base"}
