@@ -250,3 +250,20 @@ def test_a_users_two_node_graph_trains_both_nodes_as_roles(
     for node in ("router", "writer"):
         after = adapter_weights(model, node)
         assert any(not torch.equal(before[node][k], after[k]) for k in after), node
+
+
+def test_trls_shape_takes_a_users_graph_and_refuses_agentflow_parts_beside_it(
+    tmp_path: Path,
+) -> None:
+    from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS
+    from flowlearn.training.config import FlowGRPOConfig
+
+    with pytest.raises(ValueError, match="graph_factory or engine, tools and prompts, not both"):
+        FlowGRPOTrainer(
+            model="unused",
+            reward_funcs=["exact_match"],
+            args=FlowGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True),
+            train_dataset=[{"question": "What is 2 + 2?", "answer": "4"}],
+            graph_factory=trainable_graph(router_writer),
+            prompts=AGENTFLOW_PROMPTS,
+        )
