@@ -191,7 +191,7 @@ class TrainableGraph:
     def invoke(
         self,
         input: Mapping[str, Any],
-        context: Any = None,
+        context: Context | None = None,
         config: RunnableConfig | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
@@ -201,9 +201,18 @@ class TrainableGraph:
         call of the chat model; default `Context()`'s); it is not passed to the user's graph.
         `config` and `kwargs` go to the user's graph's `invoke`, the recorder added to the
         config's callbacks.
+
+        Raises:
+            TypeError: a `context` that is not a flowlearn `Context`.
+
         """
+        if context is not None and not isinstance(context, Context):
+            raise TypeError(
+                f"context must be flowlearn's Context (its planner sampling settings), got "
+                f"{type(context).__name__}; a context of your graph's own is not passed on to it"
+            )
         question = str(input["question"])
-        run_context = context if isinstance(context, Context) else Context()
+        run_context = context or Context()
         recorder = TransitionRecorder()
         start = time.perf_counter()
         state = self.graph(run_context.planner_sampling()).invoke(
