@@ -173,6 +173,23 @@ class TrainableGraph:
     _built: dict[Sampling, Any] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        """Refuse a policy the chat model cannot run on, before any rollout starts.
+
+        Raises:
+            ValueError: a policy (or a node's) that is not a local model's: generation on a
+                vLLM server (`planner_url`, `use_vllm`) is not supported for a graph of yours.
+
+        """
+        nodes = self.policy if isinstance(self.policy, NodePolicies) else {}
+        for name, policy in [("base", getattr(self.policy, "base", self.policy)), *nodes.items()]:
+            if not isinstance(policy, LocalPolicy):
+                raise ValueError(
+                    f"your graph's chat model runs on a local model; the {name} policy is a "
+                    f"{type(policy).__name__}: rollouts on a vLLM server (planner_url, use_vllm) "
+                    "are not supported for a graph of your own yet"
+                )
+
     def graph(self, sampling: Sampling) -> Any:
         """Return the user's graph around a chat model sampling with `sampling` (built once)."""
         key = dataclasses.replace(sampling, seed=None)
