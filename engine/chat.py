@@ -279,6 +279,15 @@ class HFChatModel(BaseChatModel):
         asked = kwargs.get("max_tokens", kwargs.get("max_new_tokens"))
         return int(asked) if asked is not None else self.max_new_tokens
 
+    def _policy_for(self, run_manager: CallbackManagerForLLMRun | None) -> LocalPolicy:
+        """Return the policy a call runs on: this model's (a subclass may pick per caller)."""
+        return self.policy
+
+    def _on_generation(
+        self, run_manager: CallbackManagerForLLMRun | None, chat: Messages, generation: Generation
+    ) -> None:
+        """Hear of a call's generation and the chat the policy saw (a subclass records it)."""
+
     def _tokenizer(self) -> Any:
         """Return the tokenizer that decodes this model's completions."""
         return self.policy.handle.tokenizer
@@ -331,11 +340,13 @@ class HFChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        policy = self._policy_for(run_manager)
         if kwargs.get("choice") is not None:
-            return self._chosen(to_chat_dicts(messages), kwargs)
+            return self._chosen(policy, to_chat_dicts(messages), kwargs)
         chat, sampling, tools, choice = self._prepare(messages, kwargs)
         watch = self._watch(stop, chat)
-        gen = self.policy.generate(chat, sampling, stopping=watch)
+        gen = policy.generate(chat, sampling, stopping=watch)
+        self._on_generation(run_manager, chat, gen)
         prefill = chat[-1]["content"] if chat[-1]["role"] == "assistant" else ""
         text = prefill + watch.cut(gen.text)
         calls = parse_tool_calls(text, tools, choice) if tools else []
@@ -345,7 +356,7 @@ class HFChatModel(BaseChatModel):
             content="" if calls else text,
             tool_calls=calls,
             response_metadata={
-                "model": self.policy.version,
+                "model": policy.version,
                 "prompt_ids": gen.prompt_ids,
                 "completion_ids": gen.completion_ids,
                 "logprobs": gen.logprobs,
@@ -363,9 +374,8 @@ class HFChatModel(BaseChatModel):
         """Say whether a call may be given `choice` (`ChoosingModel`)."""
         return self.scores_choices and isinstance(self.policy, ScoringPolicy)
 
-    def _chosen(self, chat: Messages, kwargs: dict[str, Any]) -> ChatResult:
+    def _chosen(self, policy: LocalPolicy, chat: Messages, kwargs: dict[str, Any]) -> ChatResult:
         """Reply with one of `kwargs["choice"]` (see the class docstring)."""
-        policy = self.policy
         if not (self.scores_choices and isinstance(policy, ScoringPolicy)):
             raise ValueError(f"{type(self).__name__} cannot score a `choice`; call without it")
         if kwargs.get("tools") or kwargs.get("tool_choice"):
@@ -373,7 +383,7 @@ class HFChatModel(BaseChatModel):
         temperature = float(kwargs.get("temperature", self.temperature))
         choices = check_choices(kwargs["choice"])
         best, meta = choose(policy, chat, choices, temperature)
-        message = AIMessage(content=best, response_metadata={"model": self.policy.version, **meta})
+        message = AIMessage(content=best, response_metadata={"model": policy.version, **meta})
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _ending(
@@ -429,7 +439,7 @@ class HFChatModel(BaseChatModel):
             return
         watch = self._watch(stop, chat)
         text = sent = ""
-        for piece in stream_text(self.policy, chat, sampling, watch):
+        for piece in stream_text(self._policy_for(run_manager), chat, sampling, watch):
             text += piece
             kept = watch.cut(text)
             # Hold back what may begin a stop string: the caller must never see its start.

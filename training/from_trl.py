@@ -63,7 +63,9 @@ class TRLParts:
     tokenizer: Any
     source: Rollouts
     handle: ModelHandle
-    prompts: Prompts
+    prompts: Prompts | None
+    """The AgentFlow graph's prompt set, recorded in a saved final/; None: the caller's own
+    graph (`graph_factory`), whose prompts are its own."""
     outcome: RewardFunctions
     engine_name: str | None
     """The local model the engine is (None: a given engine), recorded in a saved final/."""
@@ -168,8 +170,11 @@ def trl_parts(
         raise ValueError("train_dataset is required: the questions (and answers) to train on")
     if reward_funcs is None:
         raise ValueError("reward_funcs is required: the functions that score each rollout")
-    if graph_factory is not None and (engine is not None or tools is not None):
-        raise ValueError("give graph_factory or engine and tools, not both")
+    if graph_factory is not None and any(p is not None for p in (engine, tools, prompts)):
+        raise ValueError(
+            "give graph_factory or engine, tools and prompts, not both: the factory builds "
+            "the whole graph, its prompts included"
+        )
     outcome = RewardFunctions.of(reward_funcs, args.reward_weights)
     # the folder belongs to this run, as under `flowlearn train`: a folder of other files is
     # refused before anything loads or is written (`flowlearn.outputs`)
@@ -188,11 +193,10 @@ def trl_parts(
         processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
     handle = ModelHandle(model, processing_class)
     engine_name = _engine_name(args, source_name, engine is not None or graph_factory is not None)
-    if prompts is None:
-        prompts = (
-            named_prompts(args.prompts) if args.prompts else prompts_for(source_name, engine_name)
-        )
     if graph_factory is None:
+        if prompts is None:
+            named = named_prompts(args.prompts) if args.prompts else None
+            prompts = named or prompts_for(source_name, engine_name)
         engine = engine or _local_engine(args, engine_name, handle, device, prompts)
         bound = list(tools) if tools is not None else _default_tools(args, engine, prompts)
         graph_factory = agentflow_factory(engine, bound, prompts)

@@ -383,11 +383,13 @@ class FlowGRPOTrainer(GRPOTrainer):
         write_text_atomically(path, card)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save as TRL does, and (TRL's shape) name the prompt set and engine beside it."""
+        """Save as TRL does, and (TRL's shape, the AgentFlow graph) name its prompts and engine."""
         super().save_model(output_dir, _internal_call=_internal_call)
         folder = Path(str(output_dir or self.args.output_dir))
-        if self.flow_parts is not None and self.is_world_process_zero() and folder.is_dir():
-            parts = self.flow_parts
+        parts = self.flow_parts
+        if parts is None or parts.prompts is None:  # a ready source, or the caller's own graph
+            return
+        if self.is_world_process_zero() and folder.is_dir():
             write_prompts_record(folder, parts.prompts, engine=parts.engine_name)
 
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:

@@ -60,3 +60,30 @@ def test_every_example_script_answers_as_its_docstring_says(script: str, line: s
     )
     assert line in done.stdout, done.stdout
     assert "Deprecat" not in done.stderr, done.stderr  # current APIs only
+
+
+def test_train_your_graph_trains_each_node_of_a_users_app_on_its_adapter(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train_your_graph.py"), "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=180,  # the example's budget on 2 CPU cores, with the tiny model it builds
+    )
+    for step in (1, 2):
+        assert f"step {step}: reward" in done.stdout, done.stdout
+    assert done.stdout.count("rows: router 4, writer 4") == 2  # 2 questions x 2 rollouts
+    for node in ("router", "writer"):
+        assert (out / "final" / node / "adapter_model.safetensors").is_file()
+    assert not (out / "final" / "flowlearn_prompts.json").exists()  # its prompts are its own
+    assert "Deprecat" not in done.stderr, done.stderr
+
+
+def test_train_your_graph_lists_its_options_and_refuses_unknown_nodes() -> None:
+    script = [sys.executable, str(EXAMPLES / "train_your_graph.py")]
+    shown = subprocess.run([*script, "--help"], capture_output=True, text=True, check=True)
+    for option in ("--model", "--steps", "--output-dir", "--nodes", "--num-generations"):
+        assert option in shown.stdout
+    refused = subprocess.run([*script, "--nodes", "planner"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "not nodes that call the model" in refused.stderr
