@@ -1,4 +1,4 @@
-"""A KV cache whose layers append in place, so a decoding step does not copy the whole cache.
+"""A KV cache whose layers append in place (a decoding step copies nothing), and batch operations.
 
 transformers' `DynamicLayer.update` appends each step's keys and values with `torch.cat`, which
 copies the layer's entire cache every step. `AppendingLayer` overrides only that public method:
@@ -79,3 +79,47 @@ def appending_cache(config: Any) -> DynamicCache:
         AppendingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers
     ]
     return cache
+
+
+# The batch's operations on a cache: plain tensors and transformers' `DynamicCache` through its
+# public `layers[i].keys` / `.values`, `batch_select_indices` and `batch_repeat_interleave`.
+
+
+def stack(groups: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, Any, Any, Any]:
+    """Join the groups' (cache, mask, last positions, logits) into one batch, left-padded."""
+    import torch
+    import torch.nn.functional as F
+
+    width = max(mask.shape[1] for _, mask, _, _ in groups)
+    cache = groups[0][0]
+    for index, layer in enumerate(cache.layers):
+        for name in ("keys", "values"):
+            padded = [
+                F.pad(getattr(c.layers[index], name), (0, 0, width - m.shape[1], 0))
+                for c, m, _, _ in groups
+            ]
+            setattr(layer, name, torch.cat(padded))
+    mask = torch.cat([F.pad(m, (width - m.shape[1], 0)) for _, m, _, _ in groups])
+    last = torch.cat([last for _, _, last, _ in groups])
+    return cache, mask, last, torch.cat([logits for _, _, _, logits in groups])
+
+
+def keep(rows: list[int], cache: Any, *tensors: Any) -> tuple[Any, ...]:
+    """Keep only `rows` of the KV cache and of each per-row tensor."""
+    import torch
+
+    index = torch.tensor(rows, device=tensors[0].device)
+    cache.batch_select_indices(index)
+    return (cache, *(t[index] for t in tensors))
+
+
+def trim_left(cache: Any, mask: Any) -> tuple[Any, Any]:
+    """Drop the leading columns that no row attends to any more (left by rows that left)."""
+    used = mask.any(0)
+    start = int(used.int().argmax())
+    if start == 0:
+        return cache, mask
+    for layer in cache.layers:
+        layer.keys = layer.keys[..., start:, :]
+        layer.values = layer.values[..., start:, :]
+    return cache, mask[:, start:]

@@ -183,9 +183,8 @@ def token_logprobs(logits: Any, token_ids: list[int], temperature: float) -> lis
     return [float(x) for x in picked.tolist()]
 
 
-# Batched decoding: the tensor operations (plain tensors and transformers' `DynamicCache`
-# through its public `layers[i].keys` / `.values`, `batch_select_indices` and
-# `batch_repeat_interleave`), then the continuous loop over them.
+# Batched decoding: grouping prompts and picking tokens (the batch's operations on the KV
+# cache are in `kv_cache`), then the continuous loop over them.
 
 
 def prefix_groups(prompts: list[list[int]], min_shared_prefix: int) -> list[list[int]]:
@@ -213,51 +212,11 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
     return length
 
 
-def stack(groups: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, Any, Any, Any]:
-    """Join the groups' (cache, mask, last positions, logits) into one batch, left-padded."""
-    import torch
-    import torch.nn.functional as F
-
-    width = max(mask.shape[1] for _, mask, _, _ in groups)
-    cache = groups[0][0]
-    for index, layer in enumerate(cache.layers):
-        for name in ("keys", "values"):
-            padded = [
-                F.pad(getattr(c.layers[index], name), (0, 0, width - m.shape[1], 0))
-                for c, m, _, _ in groups
-            ]
-            setattr(layer, name, torch.cat(padded))
-    mask = torch.cat([F.pad(m, (width - m.shape[1], 0)) for _, m, _, _ in groups])
-    last = torch.cat([last for _, _, last, _ in groups])
-    return cache, mask, last, torch.cat([logits for _, _, _, logits in groups])
-
-
 def generator(seed: int, device: Any) -> Any:
     """Return a torch generator of its own for one request, seeded with `seed`."""
     import torch
 
     return torch.Generator(device=device).manual_seed(seed)
-
-
-def keep(rows: list[int], cache: Any, *tensors: Any) -> tuple[Any, ...]:
-    """Keep only `rows` of the KV cache and of each per-row tensor."""
-    import torch
-
-    index = torch.tensor(rows, device=tensors[0].device)
-    cache.batch_select_indices(index)
-    return (cache, *(t[index] for t in tensors))
-
-
-def trim_left(cache: Any, mask: Any) -> tuple[Any, Any]:
-    """Drop the leading columns that no row attends to any more (left by rows that left)."""
-    used = mask.any(0)
-    start = int(used.int().argmax())
-    if start == 0:
-        return cache, mask
-    for layer in cache.layers:
-        layer.keys = layer.keys[..., start:, :]
-        layer.values = layer.values[..., start:, :]
-    return cache, mask[:, start:]
 
 
 def pick_rows(
@@ -462,6 +421,8 @@ class BatchDecoder:
             rows = running.rows + rows
         if not parts:
             return running
+        from flowlearn.engine.kv_cache import stack  # imports transformers
+
         cache, mask, last, logits = stack(parts) if len(parts) > 1 else parts[0]
         return Running(rows, cache, mask, last, logits)
 
@@ -535,6 +496,8 @@ class BatchDecoder:
         chosen = torch.tensor([token for token, _ in picked], device=model.device)
         cache, mask, last = running.cache, running.mask, running.last
         if len(kept) < len(rows):  # finished rows leave the batch: no work on them
+            from flowlearn.engine.kv_cache import keep, trim_left  # imports transformers
+
             cache, mask, last, chosen = keep(kept, cache, mask, last, chosen)
             cache, mask = trim_left(cache, mask)
             rows = [rows[j] for j in kept]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from flowlearn.engine import tokens
+from flowlearn.engine import kv_cache, tokens
 from flowlearn.engine.batching import BatchingPolicy
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.sampling import Generation, Sampling
@@ -236,14 +236,14 @@ def test_requests_join_a_running_batch_and_leave_it_when_done(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trimmed: list[int] = []
-    real_trim = tokens.trim_left
+    real_trim = kv_cache.trim_left
 
     def trim(cache: Any, mask: Any) -> Any:
         kept = real_trim(cache, mask)
         trimmed.append(mask.shape[1] - kept[1].shape[1])
         return kept
 
-    monkeypatch.setattr(tokens, "trim_left", trim)
+    monkeypatch.setattr(kv_cache, "trim_left", trim)
     single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
     batched = BatchingPolicy(single, max_batch_size=8, max_wait_s=0.0, min_shared_prefix=8)
     long_call = (PROMPTS[3], Sampling(temperature=0.0, max_new_tokens=300))
