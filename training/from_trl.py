@@ -46,6 +46,7 @@ from flowlearn.outputs import claim_folder
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.model import load_planner, with_lora
 from flowlearn.training.rewards import RewardFunc, RewardFunctions, dataset_cases
+from flowlearn.training.roles import lora_settings, several_roles, with_node_adapters
 from flowlearn.training.rollouts import (
     Replay,
     Rollouts,
@@ -69,6 +70,8 @@ class TRLParts:
     outcome: RewardFunctions
     engine_name: str | None
     """The local model the engine is (None: a given engine), recorded in a saved final/."""
+    base_name: str | None = None
+    """The model as named (the base of every node's adapter), recorded in a saved final/."""
 
 
 def resolve_source(
@@ -185,7 +188,10 @@ def trl_parts(
     if isinstance(model, str):
         model, loaded, lora = load_planner(args, model, None, device)
         processing_class = processing_class or loaded
-        if lora:
+        if several_roles(args.train_nodes):  # an adapter per trained node, on one base
+            adapters = {node: lora_settings(args) for node in args.train_nodes}
+            model = with_node_adapters(model, adapters)
+        elif lora:
             model = with_lora(model, args)
     if processing_class is None:
         from transformers import AutoTokenizer
@@ -210,7 +216,9 @@ def trl_parts(
         concurrency=args.rollout_concurrency,
         reward_errors=args.reward_errors,
     )
-    return TRLParts(model, processing_class, source, handle, prompts, outcome, engine_name)
+    return TRLParts(
+        model, processing_class, source, handle, prompts, outcome, engine_name, source_name
+    )
 
 
 def _model_name(model: Any, args: FlowGRPOConfig) -> str | None:

@@ -35,7 +35,12 @@ from langchain_core.tools import BaseTool
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
-from flowlearn.engine.adapters import NodePolicies, NodeSampling, node_policies
+from flowlearn.engine.adapters import (
+    NodePolicies,
+    NodeSampling,
+    node_policies,
+    write_adapters_record,
+)
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.protocol import Policy
 from flowlearn.engine.server import ServerPolicy
@@ -386,6 +391,11 @@ class FlowGRPOTrainer(GRPOTrainer):
         """Save as TRL does, and (TRL's shape, the AgentFlow graph) name its prompts and engine."""
         super().save_model(output_dir, _internal_call=_internal_call)
         folder = Path(str(output_dir or self.args.output_dir))
+        if self.roles is not None and self.is_world_process_zero() and folder.is_dir():
+            live = self.accelerator.unwrap_model(self.model)  # what `run --planner` loads
+            named = getattr(self.flow_parts, "base_name", None)
+            base = named or next(iter(live.peft_config.values())).base_model_name_or_path
+            write_adapters_record(folder, str(base), self.roles.nodes)
         parts = self.flow_parts
         if parts is None or parts.prompts is None:  # a ready source, or the caller's own graph
             return

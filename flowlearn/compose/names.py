@@ -238,8 +238,9 @@ def check_model_name(name: str) -> None:
         )
     if path.is_dir() and not any((path / f).is_file() for f in MODEL_FILES):
         raise UsageError(
-            f"model folder {name!r} holds no model (no {' or '.join(MODEL_FILES)}); name a "
-            "folder a model was saved to, a .gguf file or a hub id"
+            f"model folder {name!r} holds no model (no {' or '.join(MODEL_FILES[:2])}) and no "
+            f"trained nodes' adapters (no {ADAPTERS_RECORD}); name a folder a model was saved "
+            "to, a .gguf file or a hub id"
         )
 
 

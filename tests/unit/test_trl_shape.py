@@ -181,3 +181,26 @@ def test_contradictory_shapes_are_refused(tiny_model_dir: Path, tmp_path: Path) 
 
     with pytest.raises(ValueError, match="a source takes args and no reward_funcs"):
         FlowGRPOTrainer(str(tiny_model_dir), "exact_match", flow_config(tmp_path), source=Replay())
+
+
+def test_several_trained_nodes_from_a_model_name_in_trls_shape(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    dataset = datasets.Dataset.from_list(
+        [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(2)]
+    )
+    trainer = FlowGRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=["exact_match"],
+        args=flow_config(tmp_path / "out", train_nodes=["planner", "verifier"]),
+        train_dataset=dataset,
+    )
+    assert trainer.roles is not None and trainer.roles.nodes == ("planner", "verifier")
+    assert sorted(trainer.model.peft_config) == ["planner", "verifier"]
+    trainer.train()
+    final = tmp_path / "final"
+    trainer.save_model(str(final))
+    assert (final / "planner" / "adapter_config.json").is_file()
+    assert (final / "verifier" / "adapter_config.json").is_file()
+    record = json.loads((final / "flowlearn_adapters.json").read_text())
+    assert record == {"base": str(tiny_model_dir), "nodes": ["planner", "verifier"]}
