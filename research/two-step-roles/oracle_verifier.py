@@ -47,6 +47,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--max-turns", type=int, default=5)
     parser.add_argument("--out", default="research/two-step-roles/results")
+    parser.add_argument("--states", default=None, help="a JSONL file for each case's final state")
     args = parser.parse_args()
     rows = [json.loads(line) for line in DATA.open()]
     steps = {r["question"]: len(r["steps"]) for r in rows}
@@ -59,7 +60,9 @@ def main() -> None:
     )
     cases, score = load_cases_and_scorer(data=DATA, scorer="exact_match", limit=args.limit)
     context = Context(max_turns=args.max_turns, planner_temperature=0.0)
-    results = run_eval(graph, cases, score, concurrency=24, context=context)
+    results = run_eval(
+        graph, cases, score, concurrency=24, context=context, states_path=args.states
+    )
     right = sum(r.score for r in results)
     turns = sum(r.turns for r in results) / len(results)
     lines = [
@@ -75,7 +78,8 @@ def main() -> None:
     ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"oracle_{args.planner}.md").write_text("\n".join(lines) + "\n")
+    if args.limit is None:
+        (out / f"oracle_{args.planner}.md").write_text("\n".join(lines) + "\n")
     print(lines[0])
 
 
