@@ -173,6 +173,12 @@ def trl_parts(
         raise ValueError("train_dataset is required: the questions (and answers) to train on")
     if reward_funcs is None:
         raise ValueError("reward_funcs is required: the functions that score each rollout")
+    if args.planner_url is not None:
+        raise ValueError(
+            "planner_url: TRL's shape samples locally; to sample on a vLLM server, train with "
+            "`flowlearn train --planner_url ...`, or build the trainer with "
+            "FlowGRPOTrainer.online(..., server=ServerGeneration.at(url, adapter_dir))"
+        )
     if graph_factory is not None and any(p is not None for p in (engine, tools, prompts)):
         raise ValueError(
             "give graph_factory or engine, tools and prompts, not both: the factory builds "

@@ -167,6 +167,9 @@ def test_contradictory_shapes_are_refused(tiny_model_dir: Path, tmp_path: Path) 
         FlowGRPOTrainer(str(tiny_model_dir), "exact_match", flow_config(tmp_path))
     with pytest.raises(ValueError, match="reward_funcs is required"):
         FlowGRPOTrainer(str(tiny_model_dir), None, flow_config(tmp_path), rows)
+    served = flow_config(tmp_path, planner_url="http://127.0.0.1:9/v1", lora=True)
+    with pytest.raises(ValueError, match="TRL's shape samples locally"):
+        FlowGRPOTrainer(str(tiny_model_dir), "exact_match", served, rows)
     from trl import GRPOConfig
 
     with pytest.raises(ValueError, match="takes a FlowGRPOConfig"):
