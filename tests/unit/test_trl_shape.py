@@ -6,13 +6,14 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 pytest.importorskip("trl")
 
 import datasets
+import torch
 
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import SCORERS
@@ -207,3 +208,38 @@ def test_several_trained_nodes_from_a_model_name_in_trls_shape(
     assert (final / "verifier" / "adapter_config.json").is_file()
     record = json.loads((final / "flowlearn_adapters.json").read_text())
     assert record == {"base": str(tiny_model_dir), "nodes": ["planner", "verifier"]}
+
+
+def test_trls_shape_resumes_from_its_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from transformers import TrainerCallback
+
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(2)]
+    out = tmp_path / "out"
+
+    def varied(completions: list[str], **kwargs: Any) -> list[float]:
+        ids = [t.trajectory_id.split(":")[-1] for t in kwargs["trajectories"]]
+        return [float(i.split("@")[0].endswith("/0")) for i in ids]  # differ: the steps train
+
+    class AtStart(TrainerCallback):  # type: ignore[misc]
+        weights: ClassVar[dict[str, Any]] = {}
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            AtStart.weights = {k: v.clone() for k, v in kwargs["model"].state_dict().items()}
+
+    def trainer(steps: int) -> FlowGRPOTrainer:
+        config = flow_config(out, max_steps=steps, save_strategy="steps", save_steps=1)
+        return FlowGRPOTrainer(str(tiny_model_dir), [varied], config, rows, callbacks=[AtStart()])
+
+    first = trainer(1)
+    first.train()
+    checkpoint = out / "checkpoint-1"
+    assert (checkpoint / "trainer_state.json").is_file()
+    after_one = {k: v.clone() for k, v in first.model.state_dict().items()}
+    assert any(not torch.equal(AtStart.weights[k], v) for k, v in after_one.items())
+    again = trainer(2)
+    again.train(resume_from_checkpoint=str(checkpoint))
+    for key, value in after_one.items():  # it started from the checkpoint's weights
+        assert torch.allclose(AtStart.weights[key], value), key
+    assert again.state.global_step == 2 and (out / "checkpoint-2").is_dir()
+    log = [h for h in again.state.log_history if "flow/rows" in h]
+    assert [h["step"] for h in log] == [1, 2]  # step 1's log came back with the checkpoint
