@@ -55,13 +55,21 @@ HELD_OUT_NUMBERS = (60, 99)
 """Held-out sums add numbers from 60 to 99 (totals from 120): no number or total of training."""
 
 
-def write_corpus(path: Path) -> Path:
-    """One passage per country, held-out ones included."""
+def write_corpus(path: Path, *, first: list[str] | None = None) -> Path:
+    """One passage per country, held-out ones included; the countries `first` come first.
+
+    Tied passages rank in corpus order, so the first ones fill every search's later places.
+    """
+    order = [*(first or []), *(c for c in CAPITALS if c not in (first or []))]
     lines = [
         json.dumps(
-            {"id": f"c{i}", "title": country, "text": f"{capital} is the capital of {country}."}
+            {
+                "id": f"c{i}",
+                "title": country,
+                "text": f"{CAPITALS[country]} is the capital of {country}.",
+            }
         )
-        for i, (country, capital) in enumerate(CAPITALS.items())
+        for i, country in enumerate(order)
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -106,12 +114,60 @@ def turn_cost(weight: float = 0.25) -> RewardTerm:
     return cost
 
 
-def _last_step(prompt: str) -> str:
-    """The memory's last action or format error (not a verification), or ''."""
+def unclear_verdicts(weight: float = 0.5) -> RewardTerm:
+    """A reward term of `-weight` times the share of verifier calls whose reply did not parse.
+
+    An unclear verdict means CONTINUE, so without it a trained verifier can say CONTINUE by
+    writing anything but `Conclusion: CONTINUE` (the product's `format_penalty` counts planner
+    turns only).
+    """
+
+    def penalty(trajectory: Trajectory) -> float:
+        calls = [t for t in trajectory.transitions if t["node"] == "verifier"]
+        bad = sum(t["parse_status"] != "ok" for t in calls)
+        return -weight * bad / len(calls) if calls else 0.0
+
+    return penalty
+
+
+def turn_discount(weight: float = 0.25) -> RewardTerm:
+    """A reward term that takes `weight` off a success per planner turn after the first.
+
+    A success in two turns earns 0.75, a failure 0 however many turns it took. With
+    `turn_cost` a failed second turn earned -0.25, less than stopping on a wrong result (0):
+    while the planner's second tool was right in fewer than one try in four, a verifier earned
+    more by stopping on every result.
+    """
+
+    def discount(trajectory: Trajectory) -> float:
+        turns = sum(t["node"] == "planner" for t in trajectory.transitions)
+        return -weight * max(turns - 1, 0) * trajectory.reward
+
+    return discount
+
+
+def _steps(prompt: str) -> list[str]:
+    """The memory's actions and format errors (not verifications), in order."""
     memory = prompt.split("Memory of previous steps:", 1)[-1]
     blocks = re.split(r"\n(?=Step \d+)", memory)
-    steps = [b for b in blocks if b.lstrip().startswith("Step ") and "verification:" not in b]
+    return [b for b in blocks if b.lstrip().startswith("Step ") and "verification:" not in b]
+
+
+def _last_step(prompt: str) -> str:
+    """The memory's last action or format error (not a verification), or ''."""
+    steps = _steps(prompt)
     return steps[-1] if steps else ""
+
+
+FAILED_RESULTS = ("unknown", "No passage matches the query.")
+"""What a wrong tool returns with `search_sums`: python's for a capital, the search's for a sum."""
+
+
+def _last_found(prompt: str) -> str:
+    """The memory's last step whose result is not a failed tool's, else its last step."""
+    steps = _steps(prompt)
+    found = [s for s in steps if _result(s).strip() not in FAILED_RESULTS]
+    return found[-1] if found else (steps[-1] if steps else "")
 
 
 def _result(step: str) -> str:
@@ -128,9 +184,20 @@ def has_needed(question: str, result: str) -> bool:
     return country is not None and f"is the capital of {country.group(1)}" in result
 
 
-def scripted_engine() -> FakeChatModel:
+def scripted_engine(
+    *, search_sums: bool = False, skip_failed: bool = False, fail_share: float = 0.0, seed: int = 0
+) -> FakeChatModel:
     """Fill tool arguments from the question; continue while the last tool result lacks what
-    the question needs; answer from the last tool result."""
+    the question needs; answer from the last tool result.
+
+    With `search_sums`, a search for a sum question is for its expression alone ("56 + 26"),
+    which no passage matches: the result says so, as python's 'unknown' does for a capital,
+    instead of listing capitals. With `skip_failed`, the answer comes from the memory's last
+    result that found something (`FAILED_RESULTS`), as a generator reading the whole memory
+    would. With `fail_share`, that share of tool calls (drawn from `seed`) find nothing, as
+    calls to a flaky service would: python prints 'unknown', a search is for 'unknown'.
+    """
+    rng = random.Random(seed)
 
     def respond(messages: list[Any], tools: list[dict[str, Any]]) -> Any:
         prompt = str(messages[-1].content)
@@ -139,9 +206,14 @@ def scripted_engine() -> FakeChatModel:
         if tools:
             name = tools[0]["name"]
             sums = re.findall(r"(\d+) \+ (\d+)", text)
+            if fail_share and rng.random() < fail_share:  # a call that finds nothing
+                args = {"code": "print('unknown')"} if name == "python" else {"query": "unknown"}
+                return AIMessage("", tool_calls=[{"name": name, "args": args, "id": "1"}])
             if name == "python":
                 code = f"print({sums[0][0]} + {sums[0][1]})" if sums else "print('unknown')"
                 args = {"code": code}
+            elif sums and search_sums:
+                args = {"query": f"{sums[0][0]} + {sums[0][1]}"}
             else:
                 args = {"query": text}
             return AIMessage("", tool_calls=[{"name": name, "args": args, "id": "1"}])
@@ -149,7 +221,7 @@ def scripted_engine() -> FakeChatModel:
             found = has_needed(text, _result(_last_step(prompt)))
             return "Conclusion: STOP" if found else "Conclusion: CONTINUE"
         if prompt.startswith("Answer the question"):
-            result = _result(_last_step(prompt))
+            result = _result(_last_found(prompt) if skip_failed else _last_step(prompt))
             passage = re.search(r"\(id: c\d+\) \w+\s*\n\s*(\w+) is the capital of", result)
             lines = result.strip().splitlines()
             answer = passage.group(1) if passage else (lines[0].strip() if lines else "")

@@ -1,9 +1,9 @@
-"""A tiny planner for the learning test, warmed up on the output format with random tools."""
+"""A tiny policy for the learning tests, warmed up on its roles' formats with random choices."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,10 @@ WORDS = [*TOOLS, "+", "capital", *FILLERS]
 """Kept whole by the tokenizer. Its merges cross spaces, so the template becomes a few long
 tokens (a prompt is about 70), but the words a choice depends on must stay shared tokens:
 merged into the text around them, every held-out question would read as new tokens."""
+VERDICTS = ["STOP", "CONTINUE"]
+VERDICT_FORMAT = "Conclusion: {verdict}"
+"""What a trained verifier writes: one line that `parse_verdict` reads at once, so each verdict
+is one call. The verdicts join `WORDS` where a verifier is trained: whole tokens, like tools."""
 
 
 def planner_output(tool: str, rng: random.Random) -> str:
@@ -34,8 +38,11 @@ def planner_output(tool: str, rng: random.Random) -> str:
     return FORMAT.format(filler="".join(f" {w}" for w in words), tool=tool)
 
 
-def build_policy(folder: Path, texts: Sequence[str], seed: int) -> tuple[Any, Any]:
-    """A byte-level BPE fitted to the task's prompts and a small Qwen2 (hidden 64, 2 layers).
+def build_policy(
+    folder: Path, texts: Sequence[str], seed: int, words: Sequence[str] = WORDS
+) -> tuple[Any, Any]:
+    """A byte-level BPE fitted to the task's prompts and a small Qwen2 (hidden 64, 2 layers);
+    `words` are kept whole.
 
     Weights are drawn with std 0.1 instead of 0.02: at 0.02 attention is near uniform over the
     70 tokens and the last position hardly sees the question, so no gradient separates the two
@@ -48,7 +55,7 @@ def build_policy(folder: Path, texts: Sequence[str], seed: int) -> tuple[Any, An
         folder, seed, texts=list(texts), vocab_size=4000, hidden_size=64, whole_text=True
     )
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
-    tokenizer.add_tokens(WORDS)
+    tokenizer.add_tokens(list(words))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(folder)
     with torch.no_grad():
@@ -57,6 +64,20 @@ def build_policy(folder: Path, texts: Sequence[str], seed: int) -> tuple[Any, An
                 module.weight.normal_(0.0, 0.1)
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     return model, tokenizer
+
+
+Example = tuple[list[dict[str, str]], Callable[[random.Random], str]]
+"""A warm-up example: a prompt, and what writes a random reply to it in its role's format."""
+
+
+def random_plan(rng: random.Random) -> str:
+    """A planner reply in `FORMAT`: a random tool and filler."""
+    return planner_output(rng.choice(TOOLS), rng)
+
+
+def random_verdict(rng: random.Random) -> str:
+    """A verifier reply in `VERDICT_FORMAT`: a random verdict."""
+    return VERDICT_FORMAT.format(verdict=rng.choice(VERDICTS))
 
 
 def warm_up_format(
@@ -70,20 +91,42 @@ def warm_up_format(
 ) -> None:
     """Supervised steps on `FORMAT` with a random tool and filler per example: the format, not
     the task."""
+    warm_up(model, tokenizer, [(p, random_plan) for p in prompts], steps=steps, lr=lr, seed=seed)
+
+
+def warm_up(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    *,
+    steps: int = 300,
+    lr: float = 3e-3,
+    seed: int = 0,
+    batch_size: int = 1,
+) -> None:
+    """Supervised steps over `examples` in turn, each with a fresh random reply: every weight of
+    the model learns the formats, none of the choices. A step takes `batch_size` examples."""
     import torch
 
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):
-        prompt = chat_prompt_ids(tokenizer, prompts[step % len(prompts)])  # the prefill too
-        answer = tokenizer(
-            planner_output(rng.choice(TOOLS), rng) + "<|im_end|>", add_special_tokens=False
-        )["input_ids"]
-        ids = torch.tensor([list(prompt) + answer])
-        labels = ids.clone()
-        labels[0, : len(prompt)] = -100
-        model(input_ids=ids, labels=labels).loss.backward()
+        rows = []
+        for index in range(step * batch_size, (step + 1) * batch_size):
+            messages, write = examples[index % len(examples)]
+            prompt = chat_prompt_ids(tokenizer, messages)  # the prefill too
+            answer = tokenizer(write(rng) + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            rows.append((list(prompt), answer))
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+        labels = torch.full((len(rows), width), -100)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for row, (prompt, answer) in enumerate(rows):
+            ids[row, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+            labels[row, len(prompt) : len(prompt) + len(answer)] = torch.tensor(answer)
+            mask[row, : len(prompt) + len(answer)] = 1
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
     model.eval()
