@@ -9,10 +9,15 @@ The score is whether the printed result is the answer. If the executor computes 
 a planner trained to carry the looked-up numbers into its plan can solve these questions.
 
 Run: `python research/two-step-roles/executor_numbers.py` (about a minute on 2 cores).
+`--examples two-step` adds worked python calls whose context holds the looked-up facts
+(`TWO_STEP_CALLS`: made-up names, none of the split's) to the preset's three, as an executor
+preset for two-step plans would; the result goes to `executor_numbers_two_step.md`.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -28,16 +33,49 @@ CORPUS = Path("evals/data/tooluse/two_step_corpus.jsonl")
 OUT = Path("research/two-step-roles/results/executor_numbers.md")
 
 
+TWO_STEP_CALLS = [
+    ("How long is the Tarn Bridge in centimetres?", "The Tarn Bridge is 812 metres long.",
+     "812 * 100"),
+    ("How many metres higher is Mount Ola than Mount Vik?",
+     "Mount Vik is 2100 metres high. Mount Ola is 2480 metres high.", "2480 - 2100"),
+    ("What is three times the weight of the Osk Bell, in kilograms?",
+     "The Osk Bell weighs 640 kilograms.", "3 * 640"),
+    ("How many years passed between the founding of the Rill Institute and 2015?",
+     "The Rill Institute was founded in 1873.", "2015 - 1873"),
+    ("How many hours longer did the Fenn Expedition last than the Brak Expedition?",
+     "The Fenn Expedition lasted 96 hours. The Brak Expedition lasted 41 hours.", "96 - 41"),
+]  # fmt: skip
+"""Worked calls (question, context, code) in the split's forms: the code takes its numbers
+from the context, in the order the question asks."""
+
+
+def with_two_step_calls(prompts: Any) -> Any:
+    """`prompts` whose python call examples add `TWO_STEP_CALLS` after the preset's."""
+    shipped = list(prompts.call_examples.get("python", []))
+    sub_goal = shipped[0]["sub_goal"] if shipped else "Compute the answer."
+    added = [
+        {"question": q, "context": c, "sub_goal": sub_goal, "arguments": {"code": code}}
+        for q, c, code in TWO_STEP_CALLS
+    ]
+    examples = {**prompts.call_examples, "python": [*shipped, *added]}
+    return dataclasses.replace(prompts, call_examples=examples)
+
+
 def passages_for(question: str, corpus: list[dict[str, Any]]) -> list[str]:
     """The corpus passages whose title the question names (the facts it needs)."""
     return [p["text"] for p in corpus if p.get("title") and p["title"] in question]
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", choices=["shipped", "two-step"], default="shipped")
+    options = parser.parse_args()
     cases = [json.loads(line) for line in DATA.open()]
     corpus = [json.loads(line) for line in CORPUS.open()]
     spec = FlowSpec.from_env(planner="default", corpus=str(CORPUS))
     prompts = spec.prompt_set()
+    if options.examples == "two-step":
+        prompts = with_two_step_calls(prompts)
     _, engine = load_parts(spec, prompts)
     tools = build_tools(spec, engine, prompts)
     executor = make_executor(engine, tools, prompts=prompts)
@@ -62,11 +100,13 @@ def main() -> None:
             rows.append(f"| {case['id']} | {name} | {int(ok)} | `{code}` | {printed[:30]} |")
     head = (
         f"# Executor from plans that carry the numbers: passages {right['passages']}/"
-        f"{len(cases)}, numbers {right['numbers']}/{len(cases)} right"
+        f"{len(cases)}, numbers {right['numbers']}/{len(cases)} right ({options.examples} "
+        "worked calls)"
     )
-    OUT.parent.mkdir(parents=True, exist_ok=True)
+    out = OUT if options.examples == "shipped" else OUT.with_name("executor_numbers_two_step.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
     table = ["| id | plan | right | code | printed |", "|---|---|---|---|---|", *rows]
-    OUT.write_text("\n".join([head, "", *table]) + "\n")
+    out.write_text("\n".join([head, "", *table]) + "\n")
     print(head)
 
 
