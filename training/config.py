@@ -125,7 +125,9 @@ class FlowGRPOConfig(GRPOConfig):
     reward_errors: Literal["zero", "drop"] = _help(
         "A rollout whose scorer failed trains with reward 0 (zero) or is left out (drop).", "zero"
     )
-    format_penalty: float = _help("Penalty weight for unparseable planner turns.", 0.0)
+    format_penalty: float = _help(
+        "Penalty weight for the share of the trained nodes' calls that did not parse.", 0.0
+    )
     step_credit_weight: float = _help(
         "GiGPO-style step credit weight, beyond the paper; 0 turns it off.", 0.0
     )

@@ -216,7 +216,7 @@ def trl_parts(
         graph_factory,
         outcome,
         cases,
-        extra_rewards={"format_penalty": format_penalty(args.format_penalty)}
+        extra_rewards={"format_penalty": format_penalty(args.format_penalty, args.train_nodes)}
         if args.format_penalty
         else None,
         concurrency=args.rollout_concurrency,

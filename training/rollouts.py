@@ -69,13 +69,18 @@ def step_concurrency(concurrency: int | None, questions: int, group_size: int) -
     return concurrency if concurrency is not None else max(questions * group_size, 1)
 
 
-def format_penalty(weight: float = 0.1) -> RewardTerm:
-    """Return a reward term of `-weight` times the share of planner turns that did not parse."""
+def format_penalty(weight: float = 0.1, nodes: Sequence[str] = ("planner",)) -> RewardTerm:
+    """Return a reward term of `-weight` times the share of `nodes`' calls that did not parse.
+
+    Training passes its trained nodes: a trained verifier's reply with no clear verdict means
+    CONTINUE, so without its calls counted it could say CONTINUE by writing anything.
+    """
+    named = frozenset(nodes)
 
     def penalty(trajectory: Trajectory) -> float:
-        turns = [t for t in trajectory.transitions if t["node"] == "planner"]
-        bad = sum(t["parse_status"] != "ok" for t in turns)
-        return -weight * bad / len(turns) if turns else 0.0
+        calls = [t for t in trajectory.transitions if t["node"] in named]
+        bad = sum(t["parse_status"] != "ok" for t in calls)
+        return -weight * bad / len(calls) if calls else 0.0
 
     return penalty
 

@@ -151,7 +151,9 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
             rollout_concurrency=config.rollout_concurrency,
             handle=parts.handle,
             server=served(config, out),
-            extra_rewards={"format_penalty": format_penalty(config.format_penalty)}
+            extra_rewards={
+                "format_penalty": format_penalty(config.format_penalty, config.train_nodes)
+            }
             if config.format_penalty
             else None,
             **common,

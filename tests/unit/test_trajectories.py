@@ -81,6 +81,18 @@ def test_collect_runs_g_rollouts_per_question_and_rewards_them(tmp_path: Path) -
     assert store.ids() == {t.trajectory_id for t in out}
 
 
+def test_format_penalty_counts_the_calls_of_the_nodes_it_names() -> None:
+    def call(node: str, status: str) -> dict[str, object]:
+        return {"node": node, "turn": 0, "parse_status": status}
+
+    calls = [call("planner", "ok"), call("verifier", "unclear"), call("verifier", "ok")]
+    trajectory = Trajectory("q/0", "q", "?", "a", "a", "a", 1.0, transitions=calls)  # type: ignore[arg-type]
+    assert format_penalty(0.5)(trajectory) == 0.0  # the planner's calls only, by default
+    assert format_penalty(0.5, ["verifier"])(trajectory) == pytest.approx(-0.25)
+    assert format_penalty(0.6, ["planner", "verifier"])(trajectory) == pytest.approx(-0.2)
+    assert format_penalty(0.5, ["generator"])(trajectory) == 0.0  # no calls, no penalty
+
+
 def test_collect_resumes_only_missing_rollouts(tmp_path: Path) -> None:
     store = TrajectoryStore(tmp_path / "t.jsonl")
     policy = ScriptedPolicy([plan("lookup")])
