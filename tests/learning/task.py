@@ -55,21 +55,13 @@ HELD_OUT_NUMBERS = (60, 99)
 """Held-out sums add numbers from 60 to 99 (totals from 120): no number or total of training."""
 
 
-def write_corpus(path: Path, *, first: list[str] | None = None) -> Path:
-    """One passage per country, held-out ones included; the countries `first` come first.
-
-    Tied passages rank in corpus order, so the first ones fill every search's later places.
-    """
-    order = [*(first or []), *(c for c in CAPITALS if c not in (first or []))]
+def write_corpus(path: Path) -> Path:
+    """One passage per country, held-out ones included."""
     lines = [
         json.dumps(
-            {
-                "id": f"c{i}",
-                "title": country,
-                "text": f"{CAPITALS[country]} is the capital of {country}.",
-            }
+            {"id": f"c{i}", "title": country, "text": f"{capital} is the capital of {country}."}
         )
-        for i, country in enumerate(order)
+        for i, (country, capital) in enumerate(CAPITALS.items())
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -114,22 +106,6 @@ def turn_cost(weight: float = 0.25) -> RewardTerm:
     return cost
 
 
-def unclear_verdicts(weight: float = 0.5) -> RewardTerm:
-    """A reward term of `-weight` times the share of verifier calls whose reply did not parse.
-
-    An unclear verdict means CONTINUE, so without it a trained verifier can say CONTINUE by
-    writing anything but `Conclusion: CONTINUE` (the product's `format_penalty` counts planner
-    turns only).
-    """
-
-    def penalty(trajectory: Trajectory) -> float:
-        calls = [t for t in trajectory.transitions if t["node"] == "verifier"]
-        bad = sum(t["parse_status"] != "ok" for t in calls)
-        return -weight * bad / len(calls) if calls else 0.0
-
-    return penalty
-
-
 def turn_discount(weight: float = 0.25) -> RewardTerm:
     """A reward term that takes `weight` off a success per planner turn after the first.
 
@@ -160,7 +136,8 @@ def _last_step(prompt: str) -> str:
 
 
 FAILED_RESULTS = ("unknown", "No passage matches the query.")
-"""What a wrong tool returns with `search_sums`: python's for a capital, the search's for a sum."""
+"""What a call that finds nothing returns (python's, the search's): a wrong tool's with
+`search_sums`, or a failed call's with `fail_share`."""
 
 
 def _last_found(prompt: str) -> str:
@@ -206,10 +183,10 @@ def scripted_engine(
         if tools:
             name = tools[0]["name"]
             sums = re.findall(r"(\d+) \+ (\d+)", text)
-            if fail_share and rng.random() < fail_share:  # a call that finds nothing
+            failed = fail_share and rng.random() < fail_share  # a call that finds nothing
+            if failed:
                 args = {"code": "print('unknown')"} if name == "python" else {"query": "unknown"}
-                return AIMessage("", tool_calls=[{"name": name, "args": args, "id": "1"}])
-            if name == "python":
+            elif name == "python":
                 code = f"print({sums[0][0]} + {sums[0][1]})" if sums else "print('unknown')"
                 args = {"code": code}
             elif sums and search_sums:

@@ -12,7 +12,7 @@ wrong one (python prints `unknown` for a capital; a search for a sum's expressio
 passage) or when the call found nothing: in training, one tool call in three does
 (`FAIL_SHARE`), as a flaky service would. The reward is the outcome, a success in two turns
 counting 0.75 (`learning.task.turn_discount`), less a penalty for verifier replies with no
-clear verdict (`learning.task.unclear_verdicts`; an unclear reply means CONTINUE). So:
+clear verdict (`format_penalty` over the verifier's calls; an unclear reply means CONTINUE). So:
 - the planner earns most with the right tool first;
 - the verifier earns most with STOP when the last result holds what the question needs
   (`learning.task.has_needed`) and CONTINUE when it does not.
@@ -43,10 +43,7 @@ wrong results all but vanished and nothing taught CONTINUE. What changed, each m
 - the verifier's prompt with the memory last (`VERIFIER_PROMPT`): a two-layer model reads the
   last result next to where it writes;
 - digits and `unknown` kept whole (`KEPT_WORDS`): held-out sums made of new number tokens were
-  judged STOP after failed calls (20 of 20) until their digits were tokens training had seen;
-- the held-out countries' passages first in the corpus, so that searches list them after the
-  match and their names are not untrained tokens on held-out questions: no measured change
-  (capitals of the unseen countries judged right 12 of 20 either way).
+  judged STOP after failed calls (20 of 20) until their digits were tokens training had seen.
 """
 
 from __future__ import annotations
@@ -78,6 +75,7 @@ from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import local_search_tool, python_tool
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.roles import with_node_adapters
+from flowlearn.training.rollouts import format_penalty
 from flowlearn.training.trainer import FlowGRPOTrainer
 from learning.task import (
     HELD_OUT_COUNTRIES,
@@ -86,7 +84,6 @@ from learning.task import (
     make_cases,
     scripted_engine,
     turn_discount,
-    unclear_verdicts,
     write_corpus,
 )
 from learning.warmup import (
@@ -306,7 +303,7 @@ def warmed_up_base(tmp_path: Path, tools: Any, cases: list[Case]) -> Any:
 
 
 def test_planner_and_verifier_adapters_learn_together_from_one_outcome(tmp_path: Path) -> None:
-    corpus = write_corpus(tmp_path / "corpus.jsonl", first=HELD_OUT_COUNTRIES)
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
     tools = [python_tool(), local_search_tool(corpus, k=SEARCH_K)]
     train_cases = make_cases(64, 0, shuffle=False)
     held_out = make_cases(40, 1, countries=HELD_OUT_COUNTRIES, numbers=HELD_OUT_NUMBERS)
@@ -363,7 +360,7 @@ def test_planner_and_verifier_adapters_learn_together_from_one_outcome(tmp_path:
         nodes=NODES,
         extra_rewards={
             "turns": turn_discount(TURN_DISCOUNT),
-            "verdict_format": unclear_verdicts(UNCLEAR_PENALTY),
+            "verdict_format": format_penalty(UNCLEAR_PENALTY, ["verifier"]),
         },
         callbacks=[tally],
         rollout_store=tally,
