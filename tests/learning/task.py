@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,17 @@ HELD_OUT_NUMBERS = (60, 99)
 """Held-out sums add numbers from 60 to 99 (totals from 120): no number or total of training."""
 
 
-def write_corpus(path: Path) -> Path:
-    """One passage per country, held-out ones included."""
+def write_corpus(path: Path, *, first: Sequence[str] = ()) -> Path:
+    """One passage per country, held-out ones included; the countries `first` come first.
+
+    Tied passages rank in corpus order, so the first ones fill every search's later places.
+    """
+    order = [*first, *(country for country in CAPITALS if country not in first)]
     lines = [
         json.dumps(
-            {"id": f"c{i}", "title": country, "text": f"{capital} is the capital of {country}."}
+            {"id": f"c{i}", "title": name, "text": f"{CAPITALS[name]} is the capital of {name}."}
         )
-        for i, (country, capital) in enumerate(CAPITALS.items())
+        for i, name in enumerate(order)
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
