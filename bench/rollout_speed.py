@@ -145,15 +145,6 @@ def questions(count: int) -> list[Case]:
 def run_flow(args: argparse.Namespace, policy: HFPolicy, report: Report) -> tuple[dict, list]:
     """Roll out Q x G flows at once with the planner batched; return figures and trajectories."""
     rows = args.concurrency or args.questions * args.group
-    warm = BatchingPolicy(policy, max_batch_size=rows)  # first forwards (kernels, allocator)
-    warm.submit(policy.encode_chat([{"role": "user", "content": "Hi"}]), args.sampling).result()
-    warm.close()
-    batched = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait)
-    batched.stats.sync = args.device == "cuda"  # forwards timed whole (the picks sync anyway)
-    engine_time, tool_time = Timer(), Timer()
-    graph = build_agentflow(
-        batched, scripted_engine(engine_time), [timed_python(tool_time)], prompts=args.prompts
-    )
     context = Context(
         max_turns=args.turns,
         planner_temperature=1.0,
@@ -162,6 +153,27 @@ def run_flow(args: argparse.Namespace, policy: HFPolicy, report: Report) -> tupl
         query_analysis=True,
         max_seconds=None,
         seed=0,
+    )
+    # Warm-up, as TRL's arm gets one: one question's G rollouts through the graph on a batcher
+    # of their own (first forwards, imports, the graph's first-run work), untimed.
+    warm = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait)
+    collect(
+        build_agentflow(
+            warm, scripted_engine(Timer()), [timed_python(Timer())], prompts=args.prompts
+        ),
+        questions(1),
+        lambda answer, case: Score(0.0, "warm-up"),
+        group_size=args.group,
+        concurrency=rows,
+        context=context,
+        progress=False,
+    )
+    warm.close()
+    batched = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait)
+    batched.stats.sync = args.device == "cuda"  # forwards timed whole (the picks sync anyway)
+    engine_time, tool_time = Timer(), Timer()
+    graph = build_agentflow(
+        batched, scripted_engine(engine_time), [timed_python(tool_time)], prompts=args.prompts
     )
     report.say(
         f"flow: {args.questions * args.group} rollouts, {rows} at once, up to {args.turns} "

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from flowlearn.engine.stops import RepetitionRule, StopWatch, cut_at_stop, held_back
+from flowlearn.engine.stops import (
+    IncrementalText,
+    RepetitionRule,
+    StopWatch,
+    cut_at_stop,
+    held_back,
+)
 from flowlearn.nodes.tools import BUNDLED_CORPUS
 
 PROSE = """\
@@ -106,6 +112,68 @@ def test_the_watch_reports_a_repetition() -> None:
     assert not watch.update([1, 2, 3] + [1, 2] * 3 + [1])
     assert watch.update([1, 2, 3] + [1, 2] * 4)
     assert watch.reason == "repetition" and "2-token block repeated 4 times" in watch.detail
+
+
+MULTI_BYTE = "Zürich, 東京 and São Paulo: ☕ costs 3 €. Ça va? — oui.\n"
+
+
+def metaspace_tokenizer() -> Any:
+    """A SentencePiece-style tokenizer as Llama's: a window's leading space is stripped."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    )
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"])
+    tokenizer.train_from_iterator([PROSE] * 3, trainer)
+    spec = json.loads(tokenizer.to_str())  # the bytes that characters unseen fall back to
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+@pytest.mark.parametrize("kind", ["byte-level BPE", "metaspace with byte fallback"])
+def test_incremental_text_spells_what_the_whole_decode_does(
+    kind: str, tiny_model_dir: Path
+) -> None:
+    """At every length the text equals the whole decode, but for a half-written character."""
+    from transformers import PreTrainedTokenizerFast
+
+    if kind == "byte-level BPE":
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(tiny_model_dir)
+        ids = tokenizer.encode(PROSE + MULTI_BYTE + "</s> end", add_special_tokens=False)
+
+        def decode(got: list[int]) -> str:
+            return str(tokenizer.decode(got, skip_special_tokens=True))
+    else:
+        raw = metaspace_tokenizer()
+        ids = [*raw.encode(PROSE + MULTI_BYTE).ids, raw.token_to_id("</s>")]
+        ids += raw.encode(" end").ids
+
+        def decode(got: list[int]) -> str:
+            return str(raw.decode(got, skip_special_tokens=True))
+
+    text, final = IncrementalText(decode), decode(ids)
+    held = 0
+    for n in range(1, len(ids) + 1):
+        whole, grown = decode(ids[:n]), text.update(ids[:n])
+        if whole.endswith("\ufffd"):  # a character's bytes so far: it waits for the rest
+            held += 1
+            assert final.startswith(grown)
+        else:
+            assert grown == whole, n
+    assert held > 0 and grown.endswith(" end")
+    assert text.update(ids[:5]) == decode(ids[:5])  # not an extension: decoded afresh
 
 
 def test_cut_and_hold_back() -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from flowlearn.evals.harness import read_results
-from flowlearn.evals.runner import run_resumable
+from flowlearn.evals.runner import heap_frozen, run_resumable
 from flowlearn.files import JsonlFile, save_atomically, write_atomically
 
 
@@ -124,6 +126,37 @@ def test_runner_skips_done_ids_saves_each_result_and_leaves_failures_for_next_ti
     )
     assert fresh == {"2": 4, "4": 16}
     assert sorted(saved) == [4, 16]
+
+
+def test_the_runner_keeps_older_objects_out_of_the_collector_until_the_last_run_ends() -> None:
+    """Objects from before a run are frozen (no full collection walks them) while it runs."""
+    inside: list[tuple[bool, bool]] = []
+
+    class Node:
+        other: Node
+
+    def look(n: int) -> int:
+        frozen = gc.get_freeze_count() > 0
+        cycle = Node()  # made inside: cyclic garbage is collected as usual
+        cycle.other = cycle
+        dead = weakref.ref(cycle)
+        del cycle
+        gc.collect()
+        inside.append((frozen, dead() is None))
+        return n
+
+    assert gc.get_freeze_count() == 0
+    with heap_frozen():  # an outer run (e.g. an eval around a collect) keeps it frozen
+        run_resumable({str(n): n for n in range(4)}, look, concurrency=2, progress=False)
+        assert gc.get_freeze_count() > 0
+    assert inside == [(True, True)] * 4
+    assert gc.get_freeze_count() == 0  # the last scope out unfreezes
+
+    def crash(n: int) -> int:
+        raise RuntimeError("a crashed item")
+
+    run_resumable({"a": 1}, crash, progress=False)
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_concurrent_saver_keeps_the_folder_already_in_place(tmp_path: Path) -> None:
