@@ -13,10 +13,15 @@ decoded with their special tokens), under the AgentFlow prompt set (`AGENTFLOW_P
    engine (timed; instant) and the `python` tool (timed; a subprocess, unisolated, running
    `print(1)`). Its tokens are the planner's completion tokens, every turn; its seconds the
    rollouts' wall time. The engine's `DecodeStats` say where the batching worker's time went.
+   One untimed question's G rollouts warm it up first, as TRL's arm is warmed up.
 2. The update: one offline Flow-GRPO update on those rollouts (`--no-update` skips it).
 3. TRL's arm: `GRPOTrainer._generate` (TRL's generation path: tokenize, `generate`, EOS mask)
    on the same prompts, each repeated G times, after one warm-up call; no update. Its tokens
    are the completions' ids up to and with the first EOS, counted as the flow counts its own.
+
+Each arm is timed `--repeats` times (tiny and cuda 3, cpu 1) and reports its median repeat:
+the tiny arms take under a second each, where one stall of the machine moves a single
+measurement by a tenth.
 
 Results go to bench/results/rollout_speed_<machine>[_tiny].json and a .txt of the report,
 rewritten as each arm ends (a timeout keeps what finished). The last line printed is
@@ -53,10 +58,10 @@ from flowlearn.nodes.tools import python_tool
 from flowlearn.training import collect
 
 RESULTS = Path(__file__).parent / "results"
-DEFAULTS = {  # questions, group, tokens, turns per mode: sized for about 15, 2 and 5 minutes
-    "cpu": (2, 8, 64, 2),
-    "tiny": (4, 8, 64, 2),
-    "cuda": (4, 8, 256, 2),
+DEFAULTS = {  # questions, group, tokens, turns, repeats: sized for about 15, 1 and 5 minutes
+    "cpu": (2, 8, 64, 2, 1),
+    "tiny": (4, 8, 64, 2, 3),
+    "cuda": (4, 8, 256, 2, 3),
 }
 
 
@@ -143,7 +148,11 @@ def questions(count: int) -> list[Case]:
 
 
 def run_flow(args: argparse.Namespace, policy: HFPolicy, report: Report) -> tuple[dict, list]:
-    """Roll out Q x G flows at once with the planner batched; return figures and trajectories."""
+    """Roll out Q x G flows at once with the planner batched, `--repeats` times after a warm-up.
+
+    Returns the figures of the repeat with the median tokens/s (every repeat's tokens/s in
+    `repeats`) and its trajectories.
+    """
     rows = args.concurrency or args.questions * args.group
     context = Context(
         max_turns=args.turns,
@@ -169,15 +178,26 @@ def run_flow(args: argparse.Namespace, policy: HFPolicy, report: Report) -> tupl
         progress=False,
     )
     warm.close()
+    report.say(
+        f"flow: {args.questions * args.group} rollouts, {rows} at once, up to {args.turns} "
+        f"planner turns each, {args.repeats} time(s) ..."
+    )
+    runs = [one_flow(args, policy, context, rows) for _ in range(args.repeats)]
+    runs.sort(key=lambda run: run[0]["completion_tokens_per_second"])
+    figures, trajectories = runs[len(runs) // 2]
+    figures["repeats"] = [run[0]["completion_tokens_per_second"] for run in runs]
+    return figures, trajectories
+
+
+def one_flow(
+    args: argparse.Namespace, policy: HFPolicy, context: Context, rows: int
+) -> tuple[dict, list]:
+    """One timed batch of Q x G rollouts on a fresh batcher; its figures and trajectories."""
     batched = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait)
     batched.stats.sync = args.device == "cuda"  # forwards timed whole (the picks sync anyway)
     engine_time, tool_time = Timer(), Timer()
     graph = build_agentflow(
         batched, scripted_engine(engine_time), [timed_python(tool_time)], prompts=args.prompts
-    )
-    report.say(
-        f"flow: {args.questions * args.group} rollouts, {rows} at once, up to {args.turns} "
-        "planner turns each ..."
     )
     began = time.perf_counter()
     trajectories = collect(
@@ -318,16 +338,21 @@ def run_trl(args: argparse.Namespace, policy: HFPolicy, prompts: list[str]) -> d
     trainer._generate(batch[: args.group])  # warm-up: one question's G completions
     if args.device == "cuda":
         torch.cuda.synchronize()
-    began = time.perf_counter()
-    trainer._generate(batch)
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - began
+    runs = []
+    for _ in range(args.repeats):
+        began = time.perf_counter()
+        trainer._generate(batch)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        runs.append((seen["tokens"] / (time.perf_counter() - began), seen["tokens"]))
+    runs.sort()
+    per_second, tokens = runs[len(runs) // 2]  # the median repeat, as the flow's
     return {
         "completions": len(batch),
-        "completion_tokens": seen["tokens"],
-        "seconds": seconds,
-        "completion_tokens_per_second": seen["tokens"] / seconds,
+        "completion_tokens": tokens,
+        "seconds": tokens / per_second,
+        "completion_tokens_per_second": per_second,
+        "repeats": [run[0] for run in runs],
         "mean_prompt_tokens": seen["prompt_tokens"],
     }
 
@@ -381,6 +406,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "trainer's default rollout_concurrency)",
     )
     parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait (0.05 s)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="timed batches per arm after its warm-up; the median's figures are reported "
+        "(tiny and cuda 3: sub-second and few-second arms; cpu 1)",
+    )
     parser.add_argument("--no-update", action="store_true", help="skip the update's timing")
     parser.add_argument("--out", type=Path, help="JSON path (bench/results/rollout_speed_...)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/flowlearn-rollout-speed"))
@@ -390,7 +421,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (--tiny checks the script on CPU)")
     defaults = DEFAULTS[args.device]
-    for name, value in zip(("questions", "group", "tokens", "turns"), defaults, strict=True):
+    names = ("questions", "group", "tokens", "turns", "repeats")
+    for name, value in zip(names, defaults, strict=True):
         if getattr(args, name) is None:
             setattr(args, name, value)
         if getattr(args, name) < 1:
@@ -422,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "model": args.model_name,
         "prompt_set": args.prompts.name,
-        "settings": {k: vars(args)[k] for k in ("questions", "group", "tokens", "turns")}
+        "settings": {k: vars(args)[k] for k in ("questions", "group", "tokens", "turns", "repeats")}
         | {
             "max_wait_s": args.max_wait,
             "batch": args.questions * args.group,
