@@ -1,0 +1,30 @@
+"""The rollout-speed bench runs end to end on a tiny model (its figures are not checked here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).parents[2] / "bench"
+
+
+def test_the_rollout_speed_bench_reports_both_arms_and_the_ratio(tmp_path: Path) -> None:
+    out = tmp_path / "speed.json"
+    command = [sys.executable, str(BENCH / "rollout_speed.py"), "--tiny", "--no-update"]
+    command += ["--questions", "1", "--group", "4", "--tokens", "8", "--repeats", "2"]
+    command += ["--out", str(out), "--work", str(tmp_path / "work")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("flow_over_trl_tokens_per_second=")
+    report = json.loads(out.read_text())
+    ratio = report["flow"]["completion_tokens_per_second"] / report["trl"][
+        "completion_tokens_per_second"
+    ]
+    assert float(last.split("=")[1]) == round(ratio, 3)
+    assert len(report["flow"]["repeats"]) == len(report["trl"]["repeats"]) == 2
+    assert report["flow"]["rollouts"] == 4 and report["flow"]["planner_calls"] >= 4
+    assert 0 < report["flow"]["occupancy"] <= 1
+    assert out.with_suffix(".txt").read_text().strip().endswith(last)
