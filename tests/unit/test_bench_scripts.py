@@ -20,11 +20,30 @@ def test_the_rollout_speed_bench_reports_both_arms_and_the_ratio(tmp_path: Path)
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("flow_over_trl_tokens_per_second=")
     report = json.loads(out.read_text())
-    ratio = report["flow"]["completion_tokens_per_second"] / report["trl"][
-        "completion_tokens_per_second"
-    ]
+    ratio = (
+        report["flow"]["completion_tokens_per_second"]
+        / report["trl"]["completion_tokens_per_second"]
+    )
     assert float(last.split("=")[1]) == round(ratio, 3)
     assert len(report["flow"]["repeats"]) == len(report["trl"]["repeats"]) == 2
     assert report["flow"]["rollouts"] == 4 and report["flow"]["planner_calls"] >= 4
     assert 0 < report["flow"]["occupancy"] <= 1
     assert out.with_suffix(".txt").read_text().strip().endswith(last)
+
+
+def test_the_gpu_training_bench_runs_every_arm_on_cpu(tmp_path: Path) -> None:
+    """`gpu_train.py --tiny`: the script a lent GPU runs, checked before it is lent."""
+    out = tmp_path / "gpu_train.txt"
+    command = [sys.executable, str(BENCH / "gpu_train.py"), "--tiny", "--steps", "1"]
+    command += ["--questions", "1", "--group", "2", "--tokens", "8", "--flows", "2"]
+    command += ["--rollout-tokens", "8", "--weight-steps", "1"]
+    command += ["--out", str(tmp_path / "work"), "--results", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    header, _, body = out.read_text().partition("\n")
+    assert "a script check, not the GPU result" in header
+    report = json.loads(body)
+    for arm in ("flow_grpo", "trl_grpo", "rollouts_batched_vs_sequential", "bf16_weights_move"):
+        assert "error" not in report[arm] and report[arm]["arm_seconds"] > 0, report[arm]
+    assert report["tokens_per_second_ratio_flow_over_stock"] > 0
+    assert done.stdout.strip().splitlines()[-1].startswith("wrote ")
