@@ -17,7 +17,8 @@ logger = logging.getLogger(__name__)
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
-_frozen = 0
+_frozen = 0  # scopes inside `heap_frozen` now
+_unfreeze = True  # whether the last scope out unfreezes (nothing was frozen before the first)
 _frozen_lock = threading.Lock()
 
 
@@ -31,11 +32,14 @@ def heap_frozen() -> Iterator[None]:
     (bench/rollout_speed.py --tiny, gc callbacks). `gc.freeze` moves them to the permanent
     generation, as vLLM and SGLang do after loading; objects made inside (each rollout's) are
     collected as usual. On leaving, the last of nested or concurrent scopes unfreezes, so
-    nothing frozen here outlives its use: garbage among those objects is collected later.
+    nothing frozen here outlives its use: garbage among those objects is collected later. A
+    process that froze objects itself before (a pre-fork server) is left frozen: `gc` cannot
+    unfreeze part of the permanent generation.
     """
-    global _frozen
+    global _frozen, _unfreeze
     with _frozen_lock:
         if _frozen == 0:
+            _unfreeze = gc.get_freeze_count() == 0
             gc.freeze()
         _frozen += 1
     try:
@@ -43,7 +47,7 @@ def heap_frozen() -> Iterator[None]:
     finally:
         with _frozen_lock:
             _frozen -= 1
-            if _frozen == 0:
+            if _frozen == 0 and _unfreeze:
                 gc.unfreeze()
 
 

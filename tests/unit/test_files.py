@@ -158,6 +158,14 @@ def test_the_runner_keeps_older_objects_out_of_the_collector_until_the_last_run_
     run_resumable({"a": 1}, crash, progress=False)
     assert gc.get_freeze_count() == 0
 
+    gc.freeze()  # a process that froze its own objects (a pre-fork server) stays frozen
+    try:
+        before = gc.get_freeze_count()
+        run_resumable({"a": 1}, look, progress=False)
+        assert gc.get_freeze_count() >= before > 0
+    finally:
+        gc.unfreeze()
+
 
 def test_a_concurrent_saver_keeps_the_folder_already_in_place(tmp_path: Path) -> None:
     target = tmp_path / "model"
