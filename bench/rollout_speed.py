@@ -19,7 +19,8 @@ decoded with their special tokens), under the AgentFlow prompt set (`AGENTFLOW_P
    on the same prompts, each repeated G times, after one warm-up call; no update. Its tokens
    are the completions' ids up to and with the first EOS, counted as the flow counts its own.
 
-Each arm is timed `--repeats` times (tiny and cuda 3, cpu 1) and reports its median repeat:
+Each arm is timed `--repeats` times (tiny and cuda 3, cpu 1) and reports its median repeat
+(the upper middle one for an even count); every repeat's tokens/s is kept in run order:
 the tiny arms take under a second each, where one stall of the machine moves a single
 measurement by a tenth.
 
@@ -183,10 +184,14 @@ def run_flow(args: argparse.Namespace, policy: HFPolicy, report: Report) -> tupl
         f"planner turns each, {args.repeats} time(s) ..."
     )
     runs = [one_flow(args, policy, context, rows) for _ in range(args.repeats)]
-    runs.sort(key=lambda run: run[0]["completion_tokens_per_second"])
-    figures, trajectories = runs[len(runs) // 2]
-    figures["repeats"] = [run[0]["completion_tokens_per_second"] for run in runs]
+    figures, trajectories = middle(runs, key=lambda run: run[0]["completion_tokens_per_second"])
+    figures["repeats"] = [run[0]["completion_tokens_per_second"] for run in runs]  # in run order
     return figures, trajectories
+
+
+def middle(runs: list[Any], key: Any) -> Any:
+    """The median repeat by `key` (the upper of the two middle ones for an even count)."""
+    return sorted(runs, key=key)[len(runs) // 2]
 
 
 def one_flow(
@@ -345,8 +350,7 @@ def run_trl(args: argparse.Namespace, policy: HFPolicy, prompts: list[str]) -> d
         if args.device == "cuda":
             torch.cuda.synchronize()
         runs.append((seen["tokens"] / (time.perf_counter() - began), seen["tokens"]))
-    runs.sort()
-    per_second, tokens = runs[len(runs) // 2]  # the median repeat, as the flow's
+    per_second, tokens = middle(runs, key=lambda run: run[0])  # as the flow's
     return {
         "completions": len(batch),
         "completion_tokens": tokens,

@@ -18,7 +18,7 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 _frozen = 0  # scopes inside `heap_frozen` now
-_unfreeze = True  # whether the last scope out unfreezes (nothing was frozen before the first)
+_froze = False  # whether the first scope in froze (nothing was frozen before), so the last thaws
 _frozen_lock = threading.Lock()
 
 
@@ -32,22 +32,24 @@ def heap_frozen() -> Iterator[None]:
     (bench/rollout_speed.py --tiny, gc callbacks). `gc.freeze` moves them to the permanent
     generation, as vLLM and SGLang do after loading; objects made inside (each rollout's) are
     collected as usual. On leaving, the last of nested or concurrent scopes unfreezes, so
-    nothing frozen here outlives its use: garbage among those objects is collected later. A
-    process that froze objects itself before (a pre-fork server) is left frozen: `gc` cannot
-    unfreeze part of the permanent generation.
+    nothing frozen here outlives its use: cyclic garbage among those objects waits until then
+    (no collection first: that would be the very pass this avoids, once a training step). A
+    process that froze objects itself (a pre-fork server) is left as it is: `gc` cannot
+    unfreeze part of the permanent generation, and freezing again would pin each run's garbage.
     """
-    global _frozen, _unfreeze
+    global _frozen, _froze
     with _frozen_lock:
         if _frozen == 0:
-            _unfreeze = gc.get_freeze_count() == 0
-            gc.freeze()
+            _froze = gc.get_freeze_count() == 0
+            if _froze:
+                gc.freeze()
         _frozen += 1
     try:
         yield
     finally:
         with _frozen_lock:
             _frozen -= 1
-            if _frozen == 0 and _unfreeze:
+            if _frozen == 0 and _froze:
                 gc.unfreeze()
 
 
