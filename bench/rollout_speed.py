@@ -49,7 +49,6 @@ from gpu_checks import QWEN25_05B, TINY, model, tokenizer
 
 from flowlearn.engine.batching import BatchingPolicy
 from flowlearn.engine.local import HFPolicy
-from flowlearn.engine.sampling import Sampling
 from flowlearn.engine.scripted import ScriptedChatModel
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
@@ -140,7 +139,7 @@ def timed_python(timer: Timer) -> Any:
     )
 
 
-def questions(count: int) -> list[Case]:
+def cases(count: int) -> list[Case]:
     rng = random.Random(0)
     return [
         Case(f"q{i}", f"What is {rng.randint(2, 99)} + {rng.randint(2, 99)}?", "0")
@@ -166,19 +165,7 @@ def run_flow(args: argparse.Namespace, policy: HFPolicy, report: Report) -> tupl
     )
     # Warm-up, as TRL's arm gets one: one question's G rollouts through the graph on a batcher
     # of their own (first forwards, imports, the graph's first-run work), untimed.
-    warm = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait)
-    collect(
-        build_agentflow(
-            warm, scripted_engine(Timer()), [timed_python(Timer())], prompts=args.prompts
-        ),
-        questions(1),
-        lambda answer, case: Score(0.0, "warm-up"),
-        group_size=args.group,
-        concurrency=rows,
-        context=context,
-        progress=False,
-    )
-    warm.close()
+    one_flow(args, policy, context, rows, questions=1)
     report.say(
         f"flow: {args.questions * args.group} rollouts, {rows} at once, up to {args.turns} "
         f"planner turns each, {args.repeats} time(s) ..."
@@ -195,9 +182,13 @@ def middle(runs: list[Any], key: Any) -> Any:
 
 
 def one_flow(
-    args: argparse.Namespace, policy: HFPolicy, context: Context, rows: int
+    args: argparse.Namespace,
+    policy: HFPolicy,
+    context: Context,
+    rows: int,
+    questions: int | None = None,
 ) -> tuple[dict, list]:
-    """One timed batch of Q x G rollouts on a fresh batcher; its figures and trajectories."""
+    """One timed batch of `questions` (default Q) x G rollouts on a fresh batcher."""
     batched = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait)
     batched.stats.sync = args.device == "cuda"  # forwards timed whole (the picks sync anyway)
     engine_time, tool_time = Timer(), Timer()
@@ -207,12 +198,12 @@ def one_flow(
     began = time.perf_counter()
     trajectories = collect(
         graph,
-        questions(args.questions),
+        cases(questions or args.questions),
         lambda answer, case: Score(float(random.random() < 0.5), "random reward"),
         group_size=args.group,
         concurrency=rows,
         context=context,
-        progress=True,
+        progress=questions is None,
     )
     wall = time.perf_counter() - began
     batched.close()
@@ -441,7 +432,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.machine, args.model_name = "cpu", args.planner
     suffix = "_tiny" if args.tiny else ""
     args.out = args.out or RESULTS / f"rollout_speed_{args.machine}{suffix}.json"
-    args.sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=4, seed=0)
     args.prompts = AGENTFLOW_PROMPTS
     return args
 
