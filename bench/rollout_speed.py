@@ -13,16 +13,20 @@ decoded with their special tokens), under the AgentFlow prompt set (`AGENTFLOW_P
    engine (timed; instant) and the `python` tool (timed; a subprocess, unisolated, running
    `print(1)`). Its tokens are the planner's completion tokens, every turn; its seconds the
    rollouts' wall time. The engine's `DecodeStats` say where the batching worker's time went.
-   One untimed question's G rollouts warm it up first, as TRL's arm is warmed up.
-2. The update: one offline Flow-GRPO update on those rollouts (`--no-update` skips it).
-3. TRL's arm: `GRPOTrainer._generate` (TRL's generation path: tokenize, `generate`, EOS mask)
-   on the same prompts, each repeated G times, after one warm-up call; no update. Its tokens
+   One untimed batch warms it up first; its first planner prompts become TRL's prompts.
+2. TRL's arm: `GRPOTrainer._generate` (TRL's generation path: tokenize, `generate`, EOS mask)
+   on the same prompts, each repeated G times, after one untimed batch; no update. Its tokens
    are the completions' ids up to and with the first EOS, counted as the flow counts its own.
+3. The update: one offline Flow-GRPO update on the flow's median repeat (`--no-update` skips
+   it).
 
-Each arm is timed `--repeats` times (tiny and cuda 3, cpu 1) and reports its median repeat
-(the upper middle one for an even count); every repeat's tokens/s is kept in run order:
-the tiny arms take under a second each, where one stall of the machine moves a single
-measurement by a tenth.
+Each arm is timed `--repeats` times (tiny 5, cuda 3, cpu 1), the arms taking turns (flow,
+TRL, flow, TRL, ...: each arm on its own copy of the weights), so that a stretch when the
+machine is busier slows both arms rather than one; each reports its median repeat (the upper
+middle one for an even count), and every repeat's tokens/s is kept in run order, with each
+pair's ratio. The tiny arms take under a second each, where one stall of the machine moves a
+single measurement by a tenth; timed one after the other, a busy minute moved the tiny ratio
+from 1.07 to 0.78.
 
 Results go to bench/results/rollout_speed_<machine>[_tiny].json and a .txt of the report,
 rewritten as each arm ends (a timeout keeps what finished). The last line printed is
@@ -60,7 +64,7 @@ from flowlearn.training import collect
 RESULTS = Path(__file__).parent / "results"
 DEFAULTS = {  # questions, group, tokens, turns, repeats: sized for about 15, 1 and 5 minutes
     "cpu": (2, 8, 64, 2, 1),
-    "tiny": (4, 8, 64, 2, 3),
+    "tiny": (4, 8, 64, 2, 5),
     "cuda": (4, 8, 256, 2, 3),
 }
 
@@ -147,33 +151,72 @@ def cases(count: int) -> list[Case]:
     ]
 
 
-def run_flow(args: argparse.Namespace, policy: HFPolicy, report: Report) -> tuple[dict, list]:
-    """Roll out Q x G flows at once with the planner batched, `--repeats` times after a warm-up.
+class FlowArm:
+    """The flow's rollouts: Q x G flows at once with the planner batched, one timed batch a call."""
 
-    Returns the figures of the repeat with the median tokens/s (every repeat's tokens/s in
-    `repeats`) and its trajectories.
+    def __init__(self, args: argparse.Namespace, policy: HFPolicy) -> None:
+        self.args, self.policy, self.runs = args, policy, []
+        self.rows = args.concurrency or args.questions * args.group
+        self.context = Context(
+            max_turns=args.turns,
+            planner_temperature=1.0,
+            planner_top_p=1.0,
+            planner_max_new_tokens=args.tokens,
+            query_analysis=True,
+            max_seconds=None,
+            seed=0,
+        )
+
+    def warm_up(self) -> list[str]:
+        """One untimed batch (first forwards, imports, the graph's first-run work), as TRL's
+        arm gets one. Returns each question's first planner prompt as the flow rendered it
+        (its token ids, decoded with their special tokens): TRL's prompts."""
+        _, trajectories = one_flow(self.args, self.policy, self.context, self.rows, warm=True)
+        first: dict[str, list[int]] = {}
+        for trajectory in trajectories:
+            turn = next(t for t in trajectory.transitions if t["node"] == "planner")
+            first.setdefault(trajectory.group_id, turn["prompt_ids"])
+        return [self.policy.tokenizer.decode(ids) for ids in first.values()]
+
+    def once(self) -> float:
+        self.runs.append(one_flow(self.args, self.policy, self.context, self.rows))
+        return float(self.runs[-1][0]["completion_tokens_per_second"])
+
+    def result(self) -> tuple[dict, list]:
+        """The figures of the repeat with the median tokens/s (every repeat's tokens/s in
+        `repeats`, in run order) and its trajectories."""
+        figures, trajectories = middle(
+            self.runs, key=lambda run: run[0]["completion_tokens_per_second"]
+        )
+        figures["repeats"] = [run[0]["completion_tokens_per_second"] for run in self.runs]
+        return figures, trajectories
+
+
+def on_own_thread(work: Any) -> Any:
+    """`work()` on a fresh thread that ends with it; its result, or its exception raised here.
+
+    The flow decodes on its batcher's worker thread. A process whose main thread has run a
+    parallel torch op on CPU keeps a second OpenMP thread pool alive (one per thread that ever
+    led a parallel region); with more pooled threads than cores, libgomp throttles its
+    spin-wait, and the flow's tiny-model forwards then ran 25% slower for the rest of the
+    process (5,100 against 3,800 tokens/s, after one 512 x 512 matmul on the main thread). So
+    TRL's arm runs its model work on a thread of its own too, which takes its pool with it when
+    it ends: neither arm slows the other, and both decode as they would alone.
     """
-    rows = args.concurrency or args.questions * args.group
-    context = Context(
-        max_turns=args.turns,
-        planner_temperature=1.0,
-        planner_top_p=1.0,
-        planner_max_new_tokens=args.tokens,
-        query_analysis=True,
-        max_seconds=None,
-        seed=0,
-    )
-    # Warm-up, as TRL's arm gets one: one question's G rollouts through the graph on a batcher
-    # of their own (first forwards, imports, the graph's first-run work), untimed.
-    one_flow(args, policy, context, rows, questions=1)
-    report.say(
-        f"flow: {args.questions * args.group} rollouts, {rows} at once, up to {args.turns} "
-        f"planner turns each, {args.repeats} time(s) ..."
-    )
-    runs = [one_flow(args, policy, context, rows) for _ in range(args.repeats)]
-    figures, trajectories = middle(runs, key=lambda run: run[0]["completion_tokens_per_second"])
-    figures["repeats"] = [run[0]["completion_tokens_per_second"] for run in runs]  # in run order
-    return figures, trajectories
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["value"] = work()
+        except BaseException as exc:
+            done["error"] = exc
+
+    thread = threading.Thread(target=run, name="trl-arm")
+    thread.start()
+    thread.join()
+    if "error" in done:
+        raise done["error"]
+    return done.get("value")
 
 
 def middle(runs: list[Any], key: Any) -> Any:
@@ -186,9 +229,9 @@ def one_flow(
     policy: HFPolicy,
     context: Context,
     rows: int,
-    questions: int | None = None,
+    warm: bool = False,
 ) -> tuple[dict, list]:
-    """One timed batch of `questions` (default Q) x G rollouts on a fresh batcher."""
+    """One timed batch of Q x G rollouts on a fresh batcher (no progress bar when `warm`)."""
     batched = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait)
     batched.stats.sync = args.device == "cuda"  # forwards timed whole (the picks sync anyway)
     engine_time, tool_time = Timer(), Timer()
@@ -198,12 +241,12 @@ def one_flow(
     began = time.perf_counter()
     trajectories = collect(
         graph,
-        cases(questions or args.questions),
+        cases(args.questions),
         lambda answer, case: Score(float(random.random() < 0.5), "random reward"),
         group_size=args.group,
         concurrency=rows,
         context=context,
-        progress=questions is None,
+        progress=not warm,
     )
     wall = time.perf_counter() - began
     batched.close()
@@ -291,65 +334,78 @@ def run_update(args: argparse.Namespace, policy: HFPolicy, trajectories: list) -
     return {"seconds": time.perf_counter() - began, "rollouts": len(trajectories)}
 
 
-def run_trl(args: argparse.Namespace, policy: HFPolicy, prompts: list[str]) -> dict:
-    """Time TRL's generation path (`GRPOTrainer._generate`) on the flow's planner prompts."""
-    import datasets
-    from trl import GRPOConfig, GRPOTrainer
+class TRLArm:
+    """TRL's generation path (`GRPOTrainer._generate`) on the flow's planner prompts."""
 
-    rows = args.questions * args.group
-    config = GRPOConfig(
-        output_dir=str(args.work / "trl"),
-        per_device_train_batch_size=rows,
-        num_generations=args.group,
-        max_steps=1,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        max_completion_length=args.tokens,
-        report_to="none",
-        save_strategy="no",
-        bf16=args.device == "cuda",
-        use_cpu=args.device != "cuda",
-        seed=0,
-    )
-    trainer = GRPOTrainer(
-        model=policy.model,
-        reward_funcs=[lambda completions, **kwargs: [0.0] * len(completions)],
-        args=config,
-        train_dataset=datasets.Dataset.from_list([{"prompt": p} for p in prompts]),
-        processing_class=policy.tokenizer,
-    )
-    seen: dict[str, Any] = {}
-    single_turn = trainer._generate_single_turn
+    def __init__(self, args: argparse.Namespace, policy: HFPolicy, prompts: list[str]) -> None:
+        import datasets
+        from trl import GRPOConfig, GRPOTrainer
 
-    def timed(prompt_ids: Any, *rest: Any, **kwargs: Any) -> Any:
-        seen["prompt_tokens"] = sum(len(p) for p in prompt_ids) / len(prompt_ids)
-        completion_ids, logprobs = single_turn(prompt_ids, *rest, **kwargs)
-        seen["tokens"] = sum(len(c) for c in completion_ids)
-        return completion_ids, logprobs
+        self.args, self.runs, self.seen = args, [], {}
+        rows = args.questions * args.group
+        config = GRPOConfig(
+            output_dir=str(args.work / "trl"),
+            per_device_train_batch_size=rows,
+            num_generations=args.group,
+            max_steps=1,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_completion_length=args.tokens,
+            report_to="none",
+            save_strategy="no",
+            bf16=args.device == "cuda",
+            use_cpu=args.device != "cuda",
+            seed=0,
+        )
+        self.trainer = GRPOTrainer(
+            model=policy.model,
+            reward_funcs=[lambda completions, **kwargs: [0.0] * len(completions)],
+            args=config,
+            train_dataset=datasets.Dataset.from_list([{"prompt": p} for p in prompts]),
+            processing_class=policy.tokenizer,
+        )
+        single_turn = self.trainer._generate_single_turn
 
-    trainer._generate_single_turn = timed
-    batch = [p for p in prompts for _ in range(args.group)]
-    trainer.model.eval()
-    trainer._generate(batch[: args.group])  # warm-up: one question's G completions
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-    runs = []
-    for _ in range(args.repeats):
-        began = time.perf_counter()
-        trainer._generate(batch)
-        if args.device == "cuda":
+        def timed(prompt_ids: Any, *rest: Any, **kwargs: Any) -> Any:
+            self.seen["prompt_tokens"] = sum(len(p) for p in prompt_ids) / len(prompt_ids)
+            completion_ids, logprobs = single_turn(prompt_ids, *rest, **kwargs)
+            self.seen["tokens"] = sum(len(c) for c in completion_ids)
+            return completion_ids, logprobs
+
+        self.trainer._generate_single_turn = timed
+        self.batch = [p for p in prompts for _ in range(args.group)]
+        self.trainer.model.eval()
+
+    def warm_up(self) -> None:
+        on_own_thread(lambda: (self.trainer._generate(self.batch), self.sync()))  # as the flow's
+
+    def once(self) -> float:
+        def timed() -> None:
+            self.sync()
+            began = time.perf_counter()
+            self.trainer._generate(self.batch)
+            self.sync()
+            seconds = time.perf_counter() - began
+            self.runs.append((self.seen["tokens"] / seconds, self.seen["tokens"]))
+
+        on_own_thread(timed)
+        return float(self.runs[-1][0])
+
+    def sync(self) -> None:
+        if self.args.device == "cuda":
             torch.cuda.synchronize()
-        runs.append((seen["tokens"] / (time.perf_counter() - began), seen["tokens"]))
-    per_second, tokens = middle(runs, key=lambda run: run[0])  # as the flow's
-    return {
-        "completions": len(batch),
-        "completion_tokens": tokens,
-        "seconds": tokens / per_second,
-        "completion_tokens_per_second": per_second,
-        "repeats": [run[0] for run in runs],
-        "mean_prompt_tokens": seen["prompt_tokens"],
-    }
+
+    def result(self) -> dict:
+        per_second, tokens = middle(self.runs, key=lambda run: run[0])  # as the flow's
+        return {
+            "completions": len(self.batch),
+            "completion_tokens": tokens,
+            "seconds": tokens / per_second,
+            "completion_tokens_per_second": per_second,
+            "repeats": [run[0] for run in self.runs],
+            "mean_prompt_tokens": self.seen["prompt_tokens"],
+        }
 
 
 def load(args: argparse.Namespace) -> HFPolicy:
@@ -458,36 +514,47 @@ def main(argv: list[str] | None = None) -> int:
     report.say(f"rollout speed on {report.data['device']}, {args.model_name}: {report.data}")
     report.save()
     try:
-        policy = load(args)
-        flow, trajectories = run_flow(args, policy, report)
-        report.data["flow"] = flow
+        flow_arm = FlowArm(args, load(args))
+        prompts = flow_arm.warm_up()
+        trl_policy = load(args)  # its own copy of the same weights
+        trl_arm = on_own_thread(lambda: TRLArm(args, trl_policy, prompts))
+        trl_arm.warm_up()
+        report.say(
+            f"{args.repeats} time(s) each, taking turns: the flow's {args.questions * args.group}"
+            f" rollouts ({flow_arm.rows} at once, up to {args.turns} planner turns each), then "
+            f"TRL's GRPOTrainer._generate on {len(prompts)} prompts x {args.group} ..."
+        )
+        pairs = []
+        for repeat in range(args.repeats):
+            flow_speed, trl_speed = flow_arm.once(), trl_arm.once()
+            pairs.append(flow_speed / trl_speed)
+            report.say(
+                f"  repeat {repeat + 1}: flow {flow_speed:.1f}, trl {trl_speed:.1f} tokens/s "
+                f"({pairs[-1]:.3f})"
+            )
+        flow, trajectories = flow_arm.result()
+        trl = trl_arm.result()
+        report.data["flow"], report.data["trl"] = flow, trl
+        report.data["repeat_ratios"] = pairs
         report.say(
             f"flow: {flow['completion_tokens']} planner tokens in {flow['seconds']:.1f} s: "
-            f"{flow['completion_tokens_per_second']:.1f} tokens/s"
+            f"{flow['completion_tokens_per_second']:.1f} tokens/s (median repeat)"
         )
-        report.save()
-        first = {}
-        for trajectory in trajectories:  # each question's first planner prompt, as rendered
-            turn = next(t for t in trajectory.transitions if t["node"] == "planner")
-            first.setdefault(trajectory.group_id, turn["prompt_ids"])
-        prompts = [policy.tokenizer.decode(ids) for ids in first.values()]
-        update = None
-        if not args.no_update:
-            report.say("update: one offline Flow-GRPO step on the rollouts ...")
-            update = run_update(args, policy, trajectories)
-            report.data["update"] = update
-            report.say(f"update: {update['seconds']:.2f} s")
-            report.save()
-        del policy
-        report.say(f"trl: GRPOTrainer._generate, {len(prompts)} prompts x {args.group} ...")
-        trl = run_trl(args, load(args), prompts)
-        report.data["trl"] = trl
         report.say(
             f"trl: {trl['completion_tokens']} tokens in {trl['seconds']:.1f} s: "
-            f"{trl['completion_tokens_per_second']:.1f} tokens/s (prompts of "
+            f"{trl['completion_tokens_per_second']:.1f} tokens/s (median repeat; prompts of "
             f"{trl['mean_prompt_tokens']:.0f} tokens; the flow's first turns "
             f"{flow['mean_prompt_tokens']:.0f} on average over all turns)"
         )
+        report.save()
+        del trl_arm
+        update = None
+        if not args.no_update:
+            report.say("update: one offline Flow-GRPO step on the rollouts ...")
+            update = run_update(args, flow_arm.policy, trajectories)
+            report.data["update"] = update
+            report.say(f"update: {update['seconds']:.2f} s")
+            report.save()
         ratio = flow["completion_tokens_per_second"] / trl["completion_tokens_per_second"]
         report.data["flow_over_trl_tokens_per_second"] = ratio
         for line in breakdown(flow, update):

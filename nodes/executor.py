@@ -17,7 +17,7 @@ from langgraph.types import RetryPolicy
 
 from flowlearn.engine.chat import to_langchain
 from flowlearn.nodes.catalogue import describe_tool, tool_arguments
-from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts
+from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, MemoryView, Prompts
 from flowlearn.nodes.render import (
     bare_question,
     emit,
@@ -233,7 +233,7 @@ def make_executor(
                 question=bare_question(question)
                 if prompts.executor_view.bare_question
                 else question,
-                context=plan["context"],
+                context=executor_context(plan["context"], state, prompts.executor_view),
                 sub_goal=plan["sub_goal"],
                 tool_description=describe_tool(tool),
             ),
@@ -281,6 +281,16 @@ def make_executor(
         }
 
     return executor
+
+
+def executor_context(context: str, state: State, view: MemoryView) -> str:
+    """Return the plan's context, then the earlier calls' results when `view.results` is on."""
+    results = [
+        str(record["result"])
+        for record in state.get("memory", [])
+        if view.results and record["kind"] == "action" and record.get("result")
+    ]
+    return "\n".join([context, *results]) if results else context
 
 
 def _as_text(result: Any) -> str:

@@ -239,6 +239,10 @@ class MemoryView:
     """The query analysis (when the run has one)."""
     bare_question: bool = False
     """The question without its trailing `ANSWER_INSTRUCTION`."""
+    results: bool = False
+    """The executor's view only: the results of the earlier tool calls follow the plan's
+    context in the executor's prompt (AgentFlow's executor sees only the plan, so a planner
+    must copy into its context what a later call needs; a small planner may not)."""
 
 
 ExampleOrder = Callable[[Sequence[StepRecord], Sequence[Example]], list[Example]]

@@ -12,7 +12,9 @@ Run: `python research/two-step-roles/oracle_verifier.py [--planner default] [--l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,9 @@ from flowlearn.evals.harness import run_eval
 from flowlearn.evals.tasks import load_cases_and_scorer
 from flowlearn.graphs import build_agentflow
 from flowlearn.nodes.schema.context import Context
+
+sys.path.insert(0, str(Path(__file__).parent))
+from executor_numbers import with_two_step_calls
 
 DATA = Path("evals/data/tooluse/two_step_heldout.jsonl")
 CORPUS = Path("evals/data/tooluse/two_step_corpus.jsonl")
@@ -48,11 +53,23 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=5)
     parser.add_argument("--out", default="research/two-step-roles/results")
     parser.add_argument("--states", default=None, help="a JSONL file for each case's final state")
+    parser.add_argument(
+        "--executor",
+        choices=["shipped", "results", "results-two-step"],
+        default="shipped",
+        help="the preset's executor; `results`: it also sees the earlier calls' results "
+        "(`MemoryView.results`); `results-two-step`: and the worked two-step python calls",
+    )
     args = parser.parse_args()
     rows = [json.loads(line) for line in DATA.open()]
     steps = {r["question"]: len(r["steps"]) for r in rows}
     spec = FlowSpec.from_env(planner=args.planner, corpus=str(CORPUS), batch_size=24)
     prompts = spec.prompt_set()
+    if args.executor != "shipped":
+        view = dataclasses.replace(prompts.executor_view, results=True)
+        prompts = dataclasses.replace(prompts, executor_view=view)
+    if args.executor == "results-two-step":
+        prompts = with_two_step_calls(prompts)
     planner, engine = load_parts(spec, prompts)
     tools = build_tools(spec, engine, prompts)
     graph = build_agentflow(
@@ -66,7 +83,8 @@ def main() -> None:
     right = sum(r.score for r in results)
     turns = sum(r.turns for r in results) / len(results)
     lines = [
-        f"# Oracle verifier, planner {args.planner}: {right:.0f}/{len(results)} right, "
+        f"# Oracle verifier, planner {args.planner}, executor {args.executor}: "
+        f"{right:.0f}/{len(results)} right, "
         f"{turns:.2f} turns a case",
         "",
         "| id | score | turns | tools | answer |",
@@ -79,7 +97,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.limit is None:
-        (out / f"oracle_{args.planner}.md").write_text("\n".join(lines) + "\n")
+        suffix = "" if args.executor == "shipped" else f"_{args.executor}"
+        (out / f"oracle_{args.planner}{suffix}.md").write_text("\n".join(lines) + "\n")
     print(lines[0])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import partial
 from types import SimpleNamespace
@@ -207,3 +208,36 @@ def test_worked_lookup_replies_open_with_what_the_question_asks_only_after_a_loo
     assert sum(r.startswith("The question asks for") for r in replies) == 5
     make_generator(recording("<answer>35</answer>", seen))(STATE, runtime())  # python's memory
     assert not any("The question asks for" in m.text for m in seen[1])
+
+
+def test_the_executor_sees_earlier_results_only_when_its_view_asks() -> None:
+    """`MemoryView.results`: the earlier calls' results follow the plan's context; errors,
+    verdicts and format errors do not, and AgentFlow's view (off) shows the plan alone."""
+    tools = [{t.name: t for t in default_tools(None)}["python"]]
+    lookup = search_step("Mount Palur is 4469 metres high.")
+    memory = [
+        lookup,
+        {"turn": 2, "kind": "action", "tool": "python", "result": None, "error": "boom"},
+        {"turn": 2, "kind": "verification", "verdict": "CONTINUE", "analysis": "more"},
+        {"turn": 3, "kind": "format_error", "error": "no tool named"},
+    ]
+    plan = {
+        "turn": 4,
+        "justification": "",
+        "context": "PLAN CONTEXT",
+        "sub_goal": "x",
+        "tool": "python",
+    }
+    state = {**STATE, "memory": memory, "plan": plan}
+    seen: list[list[BaseMessage]] = []
+    make_executor(recording("", seen), tools)(state, runtime())
+    view = dataclasses.replace(SMOLLM2_PROMPTS.executor_view, results=True)
+    prompts = dataclasses.replace(SMOLLM2_PROMPTS, executor_view=view)
+    _make_executor(recording("", seen), tools, prompts=prompts)(state, runtime())
+    plain, with_results = seen[0][-1].text, seen[1][-1].text
+    assert "PLAN CONTEXT" in plain and "Mount Palur" not in plain
+    assert f"PLAN CONTEXT\n{lookup['result']}" in with_results
+    assert "boom" not in with_results and "CONTINUE" not in with_results
+    assert "no tool named" not in with_results
+    # The worked calls are rendered as before: only the real call's context grows.
+    assert [m.text for m in seen[0][:-1]] == [m.text for m in seen[1][:-1]]
