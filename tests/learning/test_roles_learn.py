@@ -386,10 +386,7 @@ def test_planner_and_verifier_adapters_learn_together_from_one_outcome(tmp_path:
     )
     print(report)
     assert all(r > 0 for node in NODES for r in rows[node]), report  # both roles trained
-    # The planner's held-out first tool: 1.00 in five runs, 0.80 in a sixth (8 of the 20
-    # unseen capitals sent to python first, then to local_search; every sum right). The
-    # batching's thread timing varies the rollouts from run to run; 0.75 is far above chance.
-    assert first_after >= 0.75, report
+    assert first_after >= 0.9, report
     # Measured after training, in five runs: 0.80 to 1.00 STOP after a right result (sums 20
     # of 20, capitals of the unseen countries 12 of 20 in four runs, 20 in one), 1.00 CONTINUE
     # after a failed call, 0.50 to 1.00 after the wrong tool (a mistake the planner stops
