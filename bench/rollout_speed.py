@@ -292,35 +292,34 @@ def one_flow(
     return figures, trajectories
 
 
-def run_update(args: argparse.Namespace, policy: HFPolicy, trajectories: list) -> dict:
-    """One offline Flow-GRPO update on the rollouts (every planner turn a row)."""
+def grpo_config(args: argparse.Namespace, folder: str, **settings: Any) -> Any:
+    """TRL's config for one step on the bench's batch (questions x G), device and budget."""
     from trl import GRPOConfig
 
-    from flowlearn.training.trainer import FlowGRPOTrainer
-
-    rows = args.questions * args.group
-    config = GRPOConfig(
-        output_dir=str(args.work / "update"),
-        per_device_train_batch_size=rows,
+    return GRPOConfig(
+        output_dir=str(args.work / folder),
+        per_device_train_batch_size=args.questions * args.group,
         num_generations=args.group,
         max_steps=1,
-        learning_rate=1e-6,
-        temperature=1.0,
-        loss_type="dapo",
-        beta=0.0,
         max_completion_length=args.tokens,
         report_to="none",
         save_strategy="no",
         bf16=args.device == "cuda",
         use_cpu=args.device != "cuda",
         seed=0,
+        **settings,
     )
-    context = Context(
-        max_turns=args.turns,
-        planner_temperature=1.0,
-        planner_top_p=1.0,
-        planner_max_new_tokens=args.tokens,
-        query_analysis=True,
+
+
+def run_update(
+    args: argparse.Namespace, policy: HFPolicy, context: Context, trajectories: list
+) -> dict:
+    """One offline Flow-GRPO update on the rollouts (every planner turn a row), under the
+    context they ran with."""
+    from flowlearn.training.trainer import FlowGRPOTrainer
+
+    config = grpo_config(
+        args, "update", learning_rate=1e-6, loss_type="dapo", beta=0.0, temperature=1.0
     )
     trainer = FlowGRPOTrainer.offline(
         policy.model,
@@ -339,25 +338,10 @@ class TRLArm:
 
     def __init__(self, args: argparse.Namespace, policy: HFPolicy, prompts: list[str]) -> None:
         import datasets
-        from trl import GRPOConfig, GRPOTrainer
+        from trl import GRPOTrainer
 
         self.args, self.runs, self.seen = args, [], {}
-        rows = args.questions * args.group
-        config = GRPOConfig(
-            output_dir=str(args.work / "trl"),
-            per_device_train_batch_size=rows,
-            num_generations=args.group,
-            max_steps=1,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            max_completion_length=args.tokens,
-            report_to="none",
-            save_strategy="no",
-            bf16=args.device == "cuda",
-            use_cpu=args.device != "cuda",
-            seed=0,
-        )
+        config = grpo_config(args, "trl", temperature=1.0, top_p=1.0, top_k=0)
         self.trainer = GRPOTrainer(
             model=policy.model,
             reward_funcs=[lambda completions, **kwargs: [0.0] * len(completions)],
@@ -551,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         update = None
         if not args.no_update:
             report.say("update: one offline Flow-GRPO step on the rollouts ...")
-            update = run_update(args, flow_arm.policy, trajectories)
+            update = run_update(args, flow_arm.policy, flow_arm.context, trajectories)
             report.data["update"] = update
             report.say(f"update: {update['seconds']:.2f} s")
             report.save()
