@@ -114,25 +114,18 @@ def sample(
 
     """
     import torch
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, LogitsProcessorList
 
     handle = model.handle
     lm, tokenizer = handle.model, handle.tokenizer
-    greedy = sampling.temperature == 0
-    # Only what `sampling` names: top_k=0 turns off the library's default top_k=50, and
-    # `only_config` keeps the model's own config from filling the fields left unset.
-    shape = (
-        {"do_sample": False}
-        if greedy
-        else {
-            "do_sample": True,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": 0,
-        }
-    )
+    # A sampled call draws as a batched row does (`pick_rows`, from a generator of its own), so
+    # a seeded call samples the same tokens alone or in a batch, and never reseeds torch's
+    # global generator. `generate` decodes greedily over the scores `DrawnToken` leaves: the
+    # drawn token alone. Its `logits` stay the model's, which the logprobs are taken from.
+    # `only_config` keeps the model's own config from adding processors (top_k=50, ...).
+    processors = [] if sampling.temperature == 0 else [DrawnToken(sampling, lm.device)]
     config = GenerationConfig(
-        **shape,
+        do_sample=False,
         max_new_tokens=sampling.max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=lm.generation_config.eos_token_id or tokenizer.eos_token_id,
@@ -141,13 +134,12 @@ def sample(
     )
     start = time.perf_counter()
     with handle.lock, model.forward_scope(), torch.no_grad(), only_config(lm, config):
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
         inputs = torch.tensor([prompt_ids], device=lm.device)
         out = lm.generate(
             input_ids=inputs,
             attention_mask=torch.ones_like(inputs),
             generation_config=config,
+            logits_processor=LogitsProcessorList(processors),
             streamer=streamer,
             stopping_criteria=[stopping.criteria(len(prompt_ids))] if stopping else None,
         )
@@ -164,6 +156,39 @@ def sample(
         seconds=time.perf_counter() - start,
         notes=list(notes),
     )
+
+
+class DrawnToken:
+    """A logits processor that draws a single call's next token as `pick_rows` draws a row's.
+
+    It leaves the drawn token the only one possible, so `generate`'s greedy choice takes it.
+    """
+
+    def __init__(self, sampling: Sampling, device: Any) -> None:
+        self.sampling = sampling
+        self.generator = generator(call_seed(sampling), device)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        """Return scores that leave only the drawn token possible."""
+        import torch
+
+        [(token, _)] = pick_rows(scores[:1].float(), [self.sampling], [self.generator])
+        drawn = torch.full_like(scores, float("-inf"))
+        drawn[:, token] = 0.0
+        return drawn
+
+
+def call_seed(sampling: Sampling) -> int:
+    """Return the seed a call draws with.
+
+    Its own, else one drawn from torch's global generator on the caller's thread, so
+    `transformers.set_seed` (TRL's `args.seed`) governs it.
+    """
+    import torch
+
+    if sampling.seed is not None or sampling.temperature == 0:
+        return sampling.seed or 0  # greedy never draws
+    return int(torch.randint(0, 2**62, ()).item())
 
 
 def token_logprobs(logits: Any, token_ids: list[int], temperature: float) -> list[float]:
@@ -325,15 +350,7 @@ class Request:
     seed: int = field(init=False)
 
     def __post_init__(self) -> None:
-        # An unseeded request draws its seed from torch's global generator, on the caller's
-        # thread, so `transformers.set_seed` (and TRL's `args.seed`) governs batched sampling
-        # as it governs a single `generate` call.
-        if self.sampling.seed is not None or self.sampling.temperature == 0:
-            self.seed = self.sampling.seed or 0  # greedy never draws
-        else:
-            import torch
-
-            self.seed = int(torch.randint(0, 2**62, ()).item())
+        self.seed = call_seed(self.sampling)  # on the caller's thread, as a single call's
 
 
 @dataclass

@@ -270,3 +270,22 @@ def test_requests_join_a_running_batch_and_leave_it_when_done(
         alone = single.generate(chat(prompt), sampling)
         assert got.completion_ids == alone.completion_ids
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_a_seeded_call_samples_the_same_tokens_alone_or_in_a_batch(
+    policies: tuple[HFPolicy, BatchingPolicy],
+) -> None:
+    single, batched = policies
+    calls = [
+        (PROMPTS[1], Sampling(temperature=1.0, max_new_tokens=7, seed=1)),
+        (PROMPTS[2], Sampling(temperature=0.8, top_p=0.9, max_new_tokens=6, seed=2)),
+    ]
+    together_ = together(batched, calls)
+    state = torch.get_rng_state()
+    for (prompt, sampling), got in zip(calls, together_, strict=True):
+        alone = single.generate(chat(prompt), sampling)
+        assert alone.completion_ids == got.completion_ids
+        assert alone.logprobs == pytest.approx(got.logprobs, abs=1e-4)
+    assert torch.equal(torch.get_rng_state(), state)  # torch's own generator left alone
+    other = single.generate(chat(PROMPTS[1]), Sampling(temperature=1.0, max_new_tokens=7, seed=5))
+    assert other.completion_ids != together_[0].completion_ids
