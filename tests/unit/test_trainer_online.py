@@ -162,3 +162,44 @@ def test_a_step_whose_rollouts_were_all_dropped_is_skipped(
     assert len(rollouts) == 8 and all("judge timed out" in (r.reward_error or "") for r in rollouts)
     skipped = [h["flow/skipped_update"] for h in trainer.state.log_history if "flow/rows" in h]
     assert skipped == [1.0, 1.0]
+
+
+def step_samples(
+    tiny_model_dir: Path, tmp_path: Path, *, seed: int, concurrency: int | None, step: int
+) -> dict[str, list[list[int]]]:
+    """The planner's sampled completion ids of one training step's rollouts, by rollout."""
+    model, tokenizer = load(tiny_model_dir)
+    trainer = FlowGRPOTrainer.online(
+        model,
+        args=config(tmp_path, seed=seed, per_device_train_batch_size=8, num_generations=4),
+        engine=engine(),
+        tools=[lookup],
+        scorer=scorer,
+        cases=CASES,
+        context=CONTEXT,
+        processing_class=tokenizer,
+        rollout_concurrency=concurrency,
+    )
+    trainer.state.global_step = step
+    return {
+        t.trajectory_id.split(":", 1)[1].split("@")[0]: [
+            c["completion_ids"] for c in t.transitions if c["node"] == "planner"
+        ]
+        for t in trainer.rollout(CASES[:2])
+    }
+
+
+def test_a_steps_rollouts_sample_the_same_tokens_however_their_calls_are_batched(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # Unseeded, each call drew from torch's global generator in the order threads reached it,
+    # so two runs of one seed trained on different samples.
+    batched = step_samples(tiny_model_dir, tmp_path, seed=3, concurrency=None, step=0)
+    by_three = step_samples(tiny_model_dir, tmp_path, seed=3, concurrency=3, step=0)
+    assert batched == by_three
+    assert len(batched) == 8 and all(batched.values())
+    calls = [tuple(map(tuple, c)) for c in batched.values()]
+    assert len(set(calls)) > 1  # each rollout of a group draws its own
+    other_seed = step_samples(tiny_model_dir, tmp_path, seed=4, concurrency=None, step=0)
+    next_step = step_samples(tiny_model_dir, tmp_path, seed=3, concurrency=None, step=1)
+    assert other_seed != batched and next_step != batched
