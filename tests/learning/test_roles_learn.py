@@ -28,13 +28,7 @@ that never fails: the planner's first tool through the flow; the verifier's verd
 held-out question after a right result (STOP is right), after the right tool's call found
 nothing (CONTINUE) and after the wrong tool (CONTINUE).
 
-The trainer seeds each step's rollouts from `args.seed` (`training.rollouts.step_context`),
-so a run samples the same tokens however its calls are batched; before, thread timing moved the
-held-out first tool between 0.80 and 1.00 from run to run. Seeded, at 60 steps three rollout
-seeds gave 0.88, 0.95 and 1.00; at 80 steps seeds 0 and 3 gave 1.00 (STOP after a found answer
-1.00 and 0.68, CONTINUE after a failed call 0.90 and 1.00).
-
-What it took (80 steps of 8 questions x 8 rollouts, about 6.5 minutes on 2 cores). With the
+What it took (60 steps of 8 questions x 8 rollouts, about 5 minutes on 2 cores). With the
 settings of the planner-only test (planner learning rate 1e-2, the verifier's 3e-3 to 1e-2,
 no failed calls, the product's verifier prompt) the verifier ended on one verdict for every
 held-out prompt in each of 17 runs, whatever the KL weight (0.04 to 0.5), turn cost or step
@@ -127,7 +121,7 @@ PROMPTS = dataclasses.replace(
 """The planner-only test's prompts (tool name first, prefilled), the verifier's own."""
 KEPT_WORDS = [*WORDS, *VERDICTS, *"0123456789", "unknown"]
 SEED = 0
-STEPS = 80
+STEPS = 60
 MAX_TURNS = 2
 MAX_NEW_TOKENS = 32
 LORA = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
