@@ -10,7 +10,6 @@ questions TRL sampled.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 import uuid
@@ -185,23 +184,6 @@ def _check_collect(cases: Sequence[Case], group_size: int, reward_errors: str) -
         raise ValueError(
             f"cases {empty[:10]} have an empty query; give each a question or remove it"
         )
-
-
-def step_context(context: Any, seed: int, step: int, rank: int = 0) -> Any:
-    """Return `context` seeded for one training step's rollouts on one process.
-
-    The step's seed is a hash of the run's seed (the context's own, else `seed`, TRL's
-    `args.seed`), the step and the process, so a step's rollouts sample the same tokens
-    whatever order their calls are batched and finish in, and each step draws afresh. Unseeded,
-    each call drew from torch's global generator in the order threads reached it: two runs of
-    one seed trained on different samples. A context without a `seed` field comes back as is.
-    """
-    if context is None or not hasattr(context, "seed"):
-        return context
-    base = seed if context.seed is None else context.seed
-    key = repr((int(base), "step", int(step), int(rank))).encode()
-    digest = hashlib.blake2b(key, digest_size=8).digest()
-    return dataclasses.replace(context, seed=int.from_bytes(digest, "big") >> 3)
 
 
 def run_rollout(

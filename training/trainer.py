@@ -84,7 +84,6 @@ from flowlearn.training.rollouts import (
     agentflow_factory,
     cases_dataset,
     sampled_cases,
-    step_context,
     unused_reward,
 )
 from flowlearn.training.rows import Mode, Scale, StepCredit, build_flow_grpo_rows, check_mode
@@ -305,12 +304,7 @@ class FlowGRPOTrainer(GRPOTrainer):
                 policy,
                 cases,
                 group_size=self.group_size,
-                context=step_context(
-                    self.flow_context,
-                    self.args.seed,
-                    self.state.global_step,
-                    self.accelerator.process_index,
-                ),
+                context=self.flow_context,
                 step=self.state.global_step,
                 rank=self.accelerator.process_index,
                 progress=self.is_world_process_zero() and not self.args.disable_tqdm,

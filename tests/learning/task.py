@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import AIMessage
-from langgraph.runtime import get_runtime
 
 from fakes import FakeChatModel
 from flowlearn.evals.cases import Case
@@ -182,17 +181,6 @@ def scripted_engine(
     """
     rng = random.Random(seed)
 
-    def draw(prompt: str) -> float:
-        """A uniform for this call: from the rollout's seed and the prompt when the run is
-        seeded (as training's rollouts are), so it does not hang on the order calls arrive in."""
-        try:
-            run_seed = getattr(get_runtime().context, "seed", None)
-        except RuntimeError:  # called outside a graph
-            run_seed = None
-        if run_seed is None:
-            return rng.random()
-        return random.Random(f"{seed}:{run_seed}:{prompt}").random()
-
     def respond(messages: list[Any], tools: list[dict[str, Any]]) -> Any:
         prompt = str(messages[-1].content)
         question = re.search(r"Question: (.*)", prompt)
@@ -200,7 +188,7 @@ def scripted_engine(
         if tools:
             name = tools[0]["name"]
             sums = re.findall(r"(\d+) \+ (\d+)", text)
-            failed = fail_share and draw(prompt) < fail_share  # a call that finds nothing
+            failed = fail_share and rng.random() < fail_share  # a call that finds nothing
             if failed:
                 args = {"code": "print('unknown')"} if name == "python" else {"query": "unknown"}
             elif name == "python":
