@@ -14,6 +14,7 @@ import torch
 
 from flowlearn.engine import kv_cache, tokens
 from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.draws import generator, pick_rows
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.sampling import Generation, Sampling
 
@@ -127,12 +128,12 @@ def test_a_failing_request_fails_alone(
     _, batched = policies
     real = tokens.generator
 
-    def generator(seed: int | None, device: Any) -> Any:
+    def broken_for_666(seed: int | None, device: Any) -> Any:
         if seed == 666:
             raise RuntimeError("this request's sampler is broken")
         return real(seed, device)
 
-    monkeypatch.setattr(tokens, "generator", generator)
+    monkeypatch.setattr(tokens, "generator", broken_for_666)
     fine = Sampling(temperature=0.0, max_new_tokens=4)
     results = together(
         batched,
@@ -199,8 +200,8 @@ def test_sampling_draws_from_the_logged_distribution(
 ) -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0]))
     draws = 4000
-    generators = [tokens.generator(seed, torch.device("cpu")) for seed in range(draws)]
-    picked = tokens.pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators)
+    generators = [generator(seed, torch.device("cpu")) for seed in range(draws)]
+    picked = pick_rows(logits.repeat(draws, 1), [sampling] * draws, generators)
     counts = torch.bincount(torch.tensor([t for t, _ in picked]), minlength=5) / draws
     assert counts[:3].tolist() == pytest.approx(expected, abs=0.03)
     assert counts[3:].sum() == 0  # zero-probability tokens are never drawn
