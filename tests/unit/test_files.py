@@ -161,8 +161,11 @@ def test_the_runner_keeps_older_objects_out_of_the_collector_until_the_last_run_
     gc.freeze()  # a process that froze its own objects (a pre-fork server) is left as it is
     try:
         before = gc.get_freeze_count()
+        younger = [[n] for n in range(50_000)]  # made after its freeze: a run must not pin them
         run_resumable({"a": 1}, look, progress=False)
-        assert gc.get_freeze_count() == before > 0
+        # Frozen objects still die by reference count (a finished thread's, an earlier test's),
+        # so the count may fall; freezing again would have raised it by the 50,000 above.
+        assert 0 < gc.get_freeze_count() < before + len(younger) // 2
     finally:
         gc.unfreeze()
 
