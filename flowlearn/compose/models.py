@@ -10,9 +10,9 @@ from flowlearn.compose.names import FlowSpec, check_model_name
 from flowlearn.engine import (
     BASE_SOURCE,
     BatchingPolicy,
-    FrozenBasePolicy,
     HFChatModel,
     HFPolicy,
+    LocalPolicy,
     ModelNotFoundError,
     Policy,
     ServerChatModel,
@@ -22,6 +22,7 @@ from flowlearn.engine import (
 from flowlearn.engine.adapters import (
     NodePolicies,
     attach_adapters,
+    mixed_batching,
     node_policies,
     read_adapters_record,
 )
@@ -93,7 +94,8 @@ def load_chat_model(name: str, spec: FlowSpec, *, max_new_tokens: int = 256) -> 
 class LocalModels:
     """The planner policy and the fixed engine; one backend when both name the same model."""
 
-    planner: HFPolicy | BatchingPolicy
+    planner: LocalPolicy
+    """An `HFPolicy`, a `BatchingPolicy` over one, or its node's front of a mixed-adapter batch."""
     engine: HFChatModel
     nodes: NodePolicies | None = None
     """A training result of several nodes: each node's adapter policy, and the base."""
@@ -132,8 +134,8 @@ def load_local_models(
         )
     policy = load(planner)
     backend = policy if engine_source == planner else load(engine_source)
-    planner_policy: HFPolicy | BatchingPolicy = policy
-    engine_policy: HFPolicy | BatchingPolicy = backend
+    planner_policy: LocalPolicy = policy
+    engine_policy: LocalPolicy = backend
     if batch_size > 1:
         planner_policy = BatchingPolicy(policy, max_batch_size=batch_size)
         shared = backend is policy
@@ -163,23 +165,23 @@ def node_models(
 
     The planner plans with its adapter (the base's, when it was not trained); an engine that
     is the base (what the nodes were trained against, unless named otherwise) runs on that same
-    copy with every adapter off.
+    copy with every adapter off. Above 1, `batch_size` decodes every node's calls and the base
+    engine's in one batch of mixed adapters (`mixed_batching`), as training's rollouts do.
     """
     base, folders = record
     loaded = load(base)
     model = attach_adapters(loaded.model, folders)
     name = os.path.basename(os.path.normpath(folder))
     nodes = node_policies(HFPolicy(model, loaded.tokenizer), list(folders), version=name)
-    backend: HFPolicy = nodes.base if engine_source in (base, folder) else load(engine_source)
-    if batch_size > 1:
-        nodes = NodePolicies(
-            {n: BatchingPolicy(p, max_batch_size=batch_size) for n, p in nodes.items()},
-            BatchingPolicy(nodes.base, max_batch_size=batch_size),
-        )
+    on_base = engine_source in (base, folder)
+    if batch_size > 1:  # every node's calls and the base's in one batch of mixed adapters
+        nodes = mixed_batching(nodes, batch_size)
+    engine_policy: LocalPolicy = nodes.base
+    if not on_base:
+        own: HFPolicy = load(engine_source)
+        batching = BatchingPolicy(own, max_batch_size=batch_size) if batch_size > 1 else None
+        engine_policy = batching or own
     planner = nodes.for_node("planner")
-    engine_policy = nodes.base if isinstance(backend, FrozenBasePolicy) else backend
-    if batch_size > 1 and not isinstance(engine_policy, BatchingPolicy):
-        engine_policy = BatchingPolicy(engine_policy, max_batch_size=batch_size)
     return LocalModels(
         planner=planner,
         engine=HFChatModel(

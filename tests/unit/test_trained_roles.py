@@ -364,3 +364,35 @@ def test_nodes_decode_in_one_batch_of_mixed_adapters_as_each_would_alone(
         assert have.policy_version == want.policy_version
         assert torch.allclose(torch.tensor(have.logprobs), torch.tensor(want.logprobs), atol=1e-4)
     assert {g.policy_version.rsplit(":", 1)[1] for g in got} == {"planner", "verifier", "base"}
+
+
+def test_a_loaded_result_of_several_nodes_decodes_every_node_and_the_engine_in_one_batch(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`flowlearn run|eval --concurrency N` on such a result: one batch of mixed adapters."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flowlearn.compose import load_local_models
+    from flowlearn.engine.adapters import AdapterBatching, write_adapters_record
+
+    folder = tmp_path / "final"
+    with_adapters(tiny_model_dir, NODES, scale=1.0).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    write_adapters_record(folder, str(tiny_model_dir), NODES)
+    alone = load_local_models(str(folder))
+    together = load_local_models(str(folder), batch_size=8)
+    assert together.nodes is not None and alone.nodes is not None
+    fronts = [together.planner, together.nodes["verifier"], together.engine.policy]
+    assert all(isinstance(p, AdapterBatching) for p in fronts)
+    assert len({id(p.batching) for p in fronts}) == 1  # one batch, one worker, one base copy
+    assert together.engine.policy is together.nodes.base
+    chat = [{"role": "user", "content": "What is 2 + 2?"}]
+    greedy = Sampling(temperature=0.0, max_new_tokens=6)
+    want = [p.generate(chat, greedy) for p in (alone.planner, alone.nodes["verifier"])]
+    want.append(alone.engine.policy.generate(chat, greedy))
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda p: p.generate(chat, greedy), fronts))
+    for have, expected in zip(got, want, strict=True):
+        assert have.completion_ids == expected.completion_ids
+        assert have.policy_version == expected.policy_version
+    assert len({tuple(g.completion_ids) for g in got}) > 1  # the adapters do differ
