@@ -126,12 +126,21 @@ RENAMED = {
 }
 """Old spellings of settings that are now TRL's, named in the unknown-key error."""
 
+ROLLOUT_DECODER = (
+    "the flow's calls decode in its own continuous batcher (flowlearn.engine.BatchingPolicy: "
+    "calls join a running decode, adapters mix in one batch, logprobs are kept exactly), "
+    "which TRL's generate settings do not reach; for a faster engine set use_vllm"
+)
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "generation_batch_size": (None, "it is questions_per_step x num_generations per process"),
     "top_k": (0, "the planner samples with temperature and top_p only"),
     "min_p": (None, "the planner samples with temperature and top_p only"),
     "repetition_penalty": (1.0, "the planner samples with temperature and top_p only"),
     "generation_kwargs": (None, "rollouts sample through the flow, not TRL's generate"),
+    "cache_implementation": (None, ROLLOUT_DECODER),
+    "use_transformers_continuous_batching": (False, ROLLOUT_DECODER),
+    "transformers_continuous_batching_config": (None, ROLLOUT_DECODER),
+    "use_transformers_paged": (False, ROLLOUT_DECODER),  # TRL's old name of the one above
 }
 """TRL options Flow-GRPO training cannot honour yet: their default, and why."""
 

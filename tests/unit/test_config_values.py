@@ -127,3 +127,22 @@ def test_ranges_and_annotations_read_as_written() -> None:
     assert Range(0, low_open=True).text() == "> 0"
     assert not Range(0, 1, low_open=True).holds(0) and Range(0, 1, low_open=True).holds(1)
     assert describe(int | None) == "a whole number or null"
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("generation_kwargs: {num_beams: 2}", "generation_kwargs"),
+        ("top_k: 5", "top_k"),
+        ("cache_implementation: static", "cache_implementation"),
+        ("use_transformers_continuous_batching: true", "use_transformers_continuous_batching"),
+        ("use_transformers_paged: true", "use_transformers_paged"),  # TRL's old name
+        ("transformers_continuous_batching_config: {block_size: 64}", "transformers_continuous"),
+    ],
+)
+def test_trl_generation_settings_the_flow_cannot_honour_are_refused(
+    tmp_path: Path, line: str, key: str
+) -> None:
+    """TRL's own `generate` options never reach the flow's decoder: refused, not ignored."""
+    with pytest.raises(ValueError, match=rf"{key}.*not supported yet"):
+        from_yaml(tmp_path, line)
