@@ -141,6 +141,27 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "use_transformers_continuous_batching": (False, ROLLOUT_DECODER),
     "transformers_continuous_batching_config": (None, ROLLOUT_DECODER),
     "use_transformers_paged": (False, ROLLOUT_DECODER),  # TRL's old name of the one above
+    "chat_template_kwargs": (
+        None,
+        "the flow's nodes render their own prompts with the chat template as it is",
+    ),
+    "max_tool_calling_iterations": (None, "the flow's tool loop is its own: set max_turns"),
+    "multi_objective_aggregation": (
+        "sum_then_normalize",
+        "the reward functions' weighted sum is normalised within each group ('sum_then_normalize')",
+    ),
+    "mask_truncated_completions": (
+        False,
+        "every turn stays in the loss, budget-truncated or not: its outcome is the rollout's",
+    ),
+    "log_completions": (
+        False,
+        "flowlearn train keeps every rollout, tokens and reward, in <output_dir>/rollouts.jsonl",
+    ),
+    "num_generations_eval": (
+        None,
+        "the trainer does not evaluate; run flowlearn eval on a checkpoint",
+    ),
 }
 """TRL options Flow-GRPO training cannot honour yet: their default, and why."""
 

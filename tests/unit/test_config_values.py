@@ -138,11 +138,17 @@ def test_ranges_and_annotations_read_as_written() -> None:
         ("use_transformers_continuous_batching: true", "use_transformers_continuous_batching"),
         ("use_transformers_paged: true", "use_transformers_paged"),  # TRL's old name
         ("transformers_continuous_batching_config: {block_size: 64}", "transformers_continuous"),
+        ("chat_template_kwargs: {enable_thinking: false}", "chat_template_kwargs"),
+        ("max_tool_calling_iterations: 4", "max_tool_calling_iterations"),
+        ("multi_objective_aggregation: normalize_then_sum", "multi_objective_aggregation"),
+        ("mask_truncated_completions: true", "mask_truncated_completions"),
+        ("log_completions: true", "log_completions"),
+        ("num_generations_eval: 4", "num_generations_eval"),
     ],
 )
-def test_trl_generation_settings_the_flow_cannot_honour_are_refused(
+def test_trl_settings_the_flow_cannot_honour_are_refused_not_ignored(
     tmp_path: Path, line: str, key: str
 ) -> None:
-    """TRL's own `generate` options never reach the flow's decoder: refused, not ignored."""
+    """TRL options that act in its own generation and scoring, which the flow replaces."""
     with pytest.raises(ValueError, match=rf"{key}.*not supported yet"):
         from_yaml(tmp_path, line)
