@@ -194,11 +194,7 @@ def trl_parts(
     if isinstance(model, str):
         model, loaded, lora = load_planner(args, model, None, device)
         processing_class = processing_class or loaded
-        if several_roles(args.train_nodes):  # an adapter per trained node, on one base
-            adapters = {node: lora_settings(args) for node in args.train_nodes}
-            model = with_node_adapters(model, adapters)
-        elif lora:
-            model = with_lora(model, args)
+        model = trainable_planner(model, args, lora)
     if processing_class is None:
         from transformers import AutoTokenizer
 
@@ -209,7 +205,7 @@ def trl_parts(
         if prompts is None:
             named = named_prompts(args.prompts) if args.prompts else None
             prompts = named or prompts_for(source_name, engine_name)
-        engine = engine or _local_engine(args, engine_name, handle, device, prompts)
+        engine = engine or local_engine(args, engine_name, handle, device, prompts)
         bound = list(tools) if tools is not None else _default_tools(args, engine, prompts)
         graph_factory = agentflow_factory(engine, bound, prompts)
     source = Rollouts(
@@ -257,13 +253,33 @@ def _engine_name(args: FlowGRPOConfig, planner: str | None, given: bool) -> str 
     )
 
 
-def _local_engine(
+def trainable_planner(model: Any, args: FlowGRPOConfig, lora: bool) -> Any:
+    """Return the loaded planner as it trains: an adapter per trained node, one LoRA, or as is.
+
+    The adapters wrap it here, so the frozen base can serve as the engine (`engine: base`).
+    """
+    if several_roles(args.train_nodes):  # an adapter per trained node, on one base
+        return with_node_adapters(model, {node: lora_settings(args) for node in args.train_nodes})
+    return with_lora(model, args) if lora else model
+
+
+def local_engine(
     args: FlowGRPOConfig,
     name: str | None,
     handle: ModelHandle,
     device: str | None,
     prompts: Prompts,
+    cache_dir: str | None = None,
 ) -> HFChatModel:
+    """Return the rollouts' local fixed engine: the frozen base (`engine: base`) or `name`.
+
+    The rollouts' engine calls are concurrent too: they decode together (`BatchingPolicy`),
+    as many at once as a step has rollouts.
+
+    Raises:
+        ValueError: `engine: base` on a model with no adapter to turn off.
+
+    """
     if args.engine == "base":
         from peft import PeftModel
 
@@ -271,7 +287,7 @@ def _local_engine(
             raise ValueError("engine 'base' is the frozen base under LoRA; it needs lora on")
         backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
     else:
-        backend = HFPolicy.from_pretrained(name, device=device)
+        backend = HFPolicy.from_pretrained(name, device=device, cache_dir=cache_dir)
     batch = step_concurrency(
         args.rollout_concurrency, args.questions_per_step, int(args.num_generations or 1)
     )

@@ -12,10 +12,7 @@ from flowlearn.compose.flows import build_tools, load_work
 from flowlearn.compose.models import server_engine
 from flowlearn.compose.names import FlowSpec, check_names
 from flowlearn.engine import (
-    BatchingPolicy,
-    FrozenBasePolicy,
     HFChatModel,
-    HFPolicy,
     ModelHandle,
     ModelNotFoundError,
     untrained_twin,
@@ -55,8 +52,8 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     LoRA wraps the planner here, so the frozen base can serve as the engine (`engine: base`).
     Raises `UsageError`: a bad name, or a model that cannot be found, with how to fix it.
     """
-    from flowlearn.training.model import load_planner, with_lora
-    from flowlearn.training.roles import lora_settings, several_roles, with_node_adapters
+    from flowlearn.training.from_trl import trainable_planner
+    from flowlearn.training.model import load_planner
     from flowlearn.training.run import TrainingParts
     from flowlearn.training.vllm.settings import require_vllm
 
@@ -84,10 +81,7 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
         model, tokenizer, lora = load_planner(config, spec.planner, spec.cache_dir, device)
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
-    if several_roles(config.train_nodes):  # an adapter per node, on one base
-        model = with_node_adapters(model, {n: lora_settings(config) for n in config.train_nodes})
-    elif lora:
-        model = with_lora(model, config)
+    model = trainable_planner(model, config, lora)
     handle = ModelHandle(model, tokenizer)  # the live planner and the frozen base share its lock
     parts = TrainingParts(model=model, tokenizer=tokenizer, lora=lora, handle=handle)
     parts.prompts = spec.prompt_set()
@@ -141,7 +135,8 @@ def training_engine(
     """Return the rollouts' fixed engine: on `engine_url`, the frozen base, or its own model.
 
     Raises:
-        UsageError: a served engine whose tokenizer does not load here.
+        UsageError: a served engine whose tokenizer does not load here, an engine that cannot
+            be found, or `engine: base` on a planner without adapters.
 
     """
     if config.engine_url is not None:  # the server batches the concurrent rollouts' calls
@@ -151,23 +146,10 @@ def training_engine(
             fixed_max_new_tokens=config.engine_max_new_tokens,
             max_new_tokens=prompts.budgets.engine,
         )
-    from flowlearn.training.rollouts import step_concurrency
+    from flowlearn.training.from_trl import local_engine
 
-    if config.engine == "base":
-        backend: HFPolicy = FrozenBasePolicy(HFPolicy.on(handle))
-    else:
-        source = str(engine_source(config, spec))
-        backend = HFPolicy.from_pretrained(source, device=device, cache_dir=spec.cache_dir)
-    return HFChatModel(
-        # the rollouts' engine calls are concurrent too: decoded together, not one by one
-        policy=BatchingPolicy(
-            backend,
-            max_batch_size=step_concurrency(
-                config.rollout_concurrency,
-                config.questions_per_step,
-                int(config.num_generations or 1),
-            ),
-        ),
-        max_new_tokens=prompts.budgets.engine,
-        fixed_max_new_tokens=config.engine_max_new_tokens,
-    )
+    source = engine_source(config, spec)
+    try:
+        return local_engine(config, source, handle, device, prompts, cache_dir=spec.cache_dir)
+    except (ValueError, ModelNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
