@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,13 +100,19 @@ def default_model_dir(cache: str | os.PathLike[str] | None = None) -> Path:
     return target
 
 
+OWNED_LOAD_KEYS = frozenset({"dtype", "torch_dtype", "device_map", "gguf_file", "cache_dir"})
+"""`from_pretrained` keywords `load_model_and_tokenizer` sets itself."""
+
+
 def pick_device_and_dtype(device: str | None, dtype: str | None) -> tuple[str, Any]:
-    """Choose CUDA + bf16 when present, else CPU + fp32; explicit values win."""
+    """Choose CUDA + bf16 when present, else CPU + fp32; explicit values win ("auto" too)."""
     import torch
 
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype is None:
         return chosen, torch.bfloat16 if chosen.startswith("cuda") else torch.float32
+    if dtype == "auto":  # the checkpoint's own (transformers' `dtype="auto"`)
+        return chosen, "auto"
     resolved = getattr(torch, dtype, None)
     if not isinstance(resolved, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32, bfloat16 or float16")
@@ -166,6 +173,7 @@ def load_model_and_tokenizer(
     device: str | None = None,
     dtype: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a hub id, a folder, a .gguf file or the default.
 
@@ -174,22 +182,34 @@ def load_model_and_tokenizer(
             merged in (`shipped_adapter`), "default-base" for it untrained; a path ending in
             `.gguf`; a local folder; or a Hugging Face hub id.
         device: "cpu", "cuda", "cuda:1", ...; None picks CUDA when available.
-        dtype: a torch dtype name; None picks bf16 on CUDA and fp32 on CPU.
+        dtype: a torch dtype name, or "auto" (the checkpoint's); None picks bf16 on CUDA and
+            fp32 on CPU.
         cache_dir: where the converted default model is kept; None: `$XDG_CACHE_HOME/flowlearn`
             (`~/.cache/flowlearn`).
+        model_kwargs: more keywords for the model's `from_pretrained` (`attn_implementation`,
+            `use_kernels`, `revision`, ...); the device and dtype are the arguments above.
 
     Raises:
         ModelNotFoundError: nothing loadable at `source`, with how to fix it.
+        ValueError: `model_kwargs` naming the device, the dtype or where the model is.
 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    owned = sorted(set(model_kwargs or {}) & OWNED_LOAD_KEYS)
+    if owned:
+        raise ValueError(
+            f"model keywords {owned}: the device and dtype are chosen apart (device, dtype) and "
+            "the model is the source named; drop them from the keywords"
+        )
     chosen, torch_dtype = pick_device_and_dtype(device, dtype)
     text = str(source) if source is not None else ""
     location, kwargs = model_location(source, cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
-        model: Any = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            location, dtype=torch_dtype, **kwargs, **dict(model_kwargs or {})
+        )
     except OSError as exc:
         raise ModelNotFoundError(
             f"could not load a model from {text!r}: {exc}. Name a local folder, a .gguf file, "

@@ -150,14 +150,11 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
         "sum_then_normalize",
         "the reward functions' weighted sum is normalised within each group ('sum_then_normalize')",
     ),
-    "mask_truncated_completions": (
-        False,
-        "every turn stays in the loss, budget-truncated or not: its outcome is the rollout's",
-    ),
     "log_completions": (
         False,
         "flowlearn train keeps every rollout, tokens and reward, in <output_dir>/rollouts.jsonl",
     ),
+    "trust_remote_code": (False, "models load with the code transformers ships only"),
     "num_generations_eval": (
         None,
         "the trainer does not evaluate; run flowlearn eval on a checkpoint",

@@ -191,6 +191,11 @@ def trl_parts(
     cases = dataset_cases(train_dataset)
     device = "cpu" if args.use_cpu else None  # None: CUDA when available
     source_name = _model_name(model, args)
+    if not isinstance(model, str) and args.model_init_kwargs:
+        raise ValueError(
+            "args.model_init_kwargs apply when the trainer loads the model by name; this model "
+            "is loaded already: pass its name as model=, or load it with those keywords yourself"
+        )
     if isinstance(model, str):
         model, loaded, lora = load_planner(args, model, None, device)
         processing_class = processing_class or loaded

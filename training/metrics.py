@@ -34,12 +34,15 @@ FLOW_STATS = (
     "mean_turns",
     "rows_cut",
     "rows_dropped",
+    "rows_truncated",
     "trajectories_dropped",
 )
 """The `build_flow_grpo_rows` stats logged as `flow/<name>`.
 
 `rows_cut`: completions cut to max_completion_length. `rows_dropped`: turns not trained on
 (prompt too long, a zero-variance group dropped, a policy call without token ids).
+`rows_truncated`: turns cut off by their token budget, not trained on under
+`mask_truncated_completions` (0 without it).
 `trajectories_dropped`: rollouts with no row trained on (those, or a dropped reward error).
 """
 

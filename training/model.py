@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -255,14 +255,78 @@ def load_planner(
     lora = config.lora
     if lora is None and not str(source).endswith(".gguf"):
         lora = parameter_count(source, cache_dir) > 1e9
+    init, dtype = init_kwargs(config)
     model, tokenizer = load_model_and_tokenizer(
-        source, device=device, dtype=None if lora else "float32", cache_dir=cache_dir
+        source,
+        device=device,
+        dtype=dtype or (None if lora else "float32"),
+        cache_dir=cache_dir,
+        model_kwargs=init,
     )
     if lora is None:
         lora = model.num_parameters() > 1e9
-        if lora:
+        if lora and dtype is None:  # the base as for inference, unless a dtype was asked for
             model.to(pick_device_and_dtype(device, None)[1])
     return model, tokenizer, bool(lora)
+
+
+NO_REMOTE_CODE = (
+    "not supported: flowlearn loads models with the code transformers ships, never code from a "
+    "model's repository"
+)
+
+
+def init_kwargs(config: Any) -> tuple[dict[str, Any], str | None]:
+    """Return `config.model_init_kwargs` as the planner's `from_pretrained` keywords, and a dtype.
+
+    TRL's convention: `{"attn_implementation": "sdpa", "dtype": "bfloat16"}`. The dtype (or
+    transformers' older `torch_dtype`) is the precision the weights load in; trainable weights
+    are still trained in fp32 (`upcast_trainable`). The device is flowlearn's to choose.
+
+    Raises:
+        ValueError: a `device_map`, a `quantization_config` or `trust_remote_code`, which
+            flowlearn cannot honour, or two dtypes.
+
+    """
+    given = config.model_init_kwargs or {}
+    if not isinstance(given, Mapping):
+        raise ValueError(
+            f"model_init_kwargs must be a mapping of from_pretrained keywords, got {given!r}"
+        )
+    init = dict(given)
+    if init.pop("trust_remote_code", False):
+        raise ValueError(f"model_init_kwargs.trust_remote_code: {NO_REMOTE_CODE}")
+    if "device_map" in init:
+        raise ValueError(
+            "model_init_kwargs.device_map: flowlearn places the planner itself (use_cpu, or "
+            "one GPU per process under accelerate); drop device_map"
+        )
+    if "quantization_config" in init:
+        raise ValueError(
+            "model_init_kwargs.quantization_config is not supported yet: the planner loads in "
+            "bf16 or fp32 (LoRA keeps one copy of the base for rollouts and training)"
+        )
+    dtypes = {init.pop(k) for k in ("dtype", "torch_dtype") if k in init}
+    if len(dtypes) > 1:
+        raise ValueError(f"model_init_kwargs names two dtypes {sorted(map(str, dtypes))}; give one")
+    dtype = next(iter(dtypes), None)
+    if dtype is not None and not isinstance(dtype, str):  # a torch.dtype, from Python
+        dtype = str(dtype).removeprefix("torch.")
+    return init, dtype
+
+
+@contextmanager
+def init_kwargs_kept_from_trl(args: Any) -> Iterator[None]:
+    """Hide `model_init_kwargs` from TRL's constructor, for a planner `load_planner` loaded.
+
+    They were applied at that load; TRL, given a loaded model, would log that it ignores them.
+    """
+    saved = args.model_init_kwargs
+    args.model_init_kwargs = None
+    try:
+        yield
+    finally:
+        args.model_init_kwargs = saved
 
 
 def with_lora(model: Any, config: Any) -> Any:

@@ -27,6 +27,12 @@ Why it looks like this:
    data) cannot be checked and is accepted.
 7. Every row or trajectory left out is counted (`rows_dropped`, `trajectories_dropped`), so a
    step that trains on less than it rolled out says so in the metrics.
+8. `mask_truncated` is TRL's `mask_truncated_completions` (DAPO's overlong filtering): a turn
+   cut off by its token budget is not trained on (`Truncation`, counted in `rows_truncated`),
+   as TRL zeroes such a completion's mask. A turn is truncated when it spent its recorded budget
+   (`sampling.max_new_tokens`; one that ended exactly there counts too) or when it is longer
+   than `max_completion_length`. Its trajectory's reward still counts in its group's advantage
+   statistics, as other left-out turns' do.
 """
 
 from __future__ import annotations
@@ -112,6 +118,7 @@ def build_flow_grpo_rows(
     max_completion_length: int | None = None,
     step_credit: StepCredit | None = None,
     sampling: Sampling | None = None,
+    mask_truncated: bool = False,
 ) -> FlowGRPOBatch:
     """Build Flow-GRPO rows from rewarded trajectories grouped by `group_id`.
 
@@ -131,6 +138,7 @@ def build_flow_grpo_rows(
         step_credit: add GiGPO-style step-group advantages (see `StepCredit`); None = paper.
         sampling: the trainer's sampling; a row recorded with another temperature, or with
             processed logprobs under top-p < 1, is refused (`check_sampling`).
+        mask_truncated: leave out turns cut off by their token budget (`Truncation`), counted.
 
     Raises:
         ValueError: unknown mode or scale, a transition without token ids, or one whose
@@ -143,10 +151,16 @@ def build_flow_grpo_rows(
         raise ValueError(f"unknown scale {scale!r}; use one of {SCALES}")
     trajectories = list(trajectories)
     check_trajectories(trajectories)  # one NaN reward would make its group's advantages NaN
-    stats: dict[str, Any] = {"rows_cut": 0, "rows_dropped": 0, "trajectories_dropped": 0}
+    stats: dict[str, Any] = {
+        "rows_cut": 0,
+        "rows_dropped": 0,
+        "rows_truncated": 0,
+        "trajectories_dropped": 0,
+    }
     groups = group_trajectories(trajectories, stats)
     stats["groups"] = len(groups)
-    turns = kept_turns(groups, nodes, max_prompt_length, sampling, stats)
+    cut_off = Truncation(max_completion_length) if mask_truncated else None
+    turns = kept_turns(groups, nodes, max_prompt_length, sampling, stats, truncation=cut_off)
     zero_variance = {g for g, m in groups.items() if len({t.total_reward for t in m}) == 1}
     stats["zero_variance_share"] = len(zero_variance) / len(groups) if groups else 0.0
     if drop_zero_variance:
@@ -316,11 +330,14 @@ def kept_turns(
     max_prompt_length: int | None,
     sampling: Sampling | None,
     stats: dict[str, Any],
+    *,
+    truncation: Truncation | None = None,
 ) -> dict[str, list[Transition]]:
     """Return each trajectory's trainable turns: by node, checked, within the prompt length.
 
     With `nodes` None, a policy call that carries no token ids (a server that returned none) is
     left out and counted; a call that is not a policy's (no `completion_ids` key) is no row.
+    Given a `truncation`, the turns it finds cut off are left out and counted too.
     """
     turns: dict[str, list[Transition]] = {}
     for members in groups.values():
@@ -339,9 +356,33 @@ def kept_turns(
                 if max_prompt_length and len(prompt) > max_prompt_length:
                     stats["rows_dropped"] += 1
                     continue
+                if truncation is not None and truncation.cut_off(transition):
+                    stats["rows_truncated"] += 1
+                    continue
                 kept.append(transition)
             turns[trajectory.trajectory_id] = kept
     return turns
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """Which turns were cut off by a token budget (`mask_truncated`)."""
+
+    max_completion_length: int | None = None
+    """Turns longer than this are cut off too (they would be cut to it for training)."""
+
+    def cut_off(self, transition: Transition) -> bool:
+        """Whether the turn spent its recorded token budget or runs past the length.
+
+        A turn that ended (EOS, a stop string) on its budget's last token counts as cut off
+        too: the transition does not say which; TRL's own test (no EOS) differs only there.
+        """
+        length = len(transition.get("completion_ids") or [])
+        budget = (transition.get("sampling") or {}).get("max_new_tokens")
+        limit = self.max_completion_length
+        return (isinstance(budget, int) and length >= budget) or (
+            limit is not None and length > limit
+        )
 
 
 def drop_groups(

@@ -45,7 +45,7 @@ from flowlearn.nodes.prompts import (
 )
 from flowlearn.outputs import MARKER, claim_folder, read_marker
 from flowlearn.training.config import FlowGRPOConfig
-from flowlearn.training.model import check_finite_weights
+from flowlearn.training.model import check_finite_weights, init_kwargs_kept_from_trl
 from flowlearn.training.rollouts import Rollouts, format_penalty, new_run_id
 from flowlearn.training.rows import StepCredit
 from flowlearn.training.trainer import FlowGRPOTrainer
@@ -135,30 +135,32 @@ def train(config: FlowGRPOConfig, parts: TrainingParts, *, resume_from: Path | N
     )
     out = Path(str(config.output_dir))
     claim_output_dir(config, resuming=config.resume or resume_from is not None)
-    if parts.cases is None or parts.scorer is None:
-        trajectories = load_trajectories(str(config.trajectories))
-        trainer = FlowGRPOTrainer.offline(parts.model, trajectories=trajectories, **common)
-    else:
-        trainer = FlowGRPOTrainer.online(
-            parts.model,
-            cases=parts.cases,
-            scorer=parts.scorer,
-            engine=parts.engine,
-            tools=parts.tools,
-            prompts=parts.prompts,
-            rollout_store=TrajectoryStore(out / ROLLOUTS_FILE),
-            reward_errors=config.reward_errors,
-            rollout_concurrency=config.rollout_concurrency,
-            handle=parts.handle,
-            server=served(config, out),
-            extra_rewards={
-                "format_penalty": format_penalty(config.format_penalty, config.train_nodes)
-            }
-            if config.format_penalty
-            else None,
-            **common,
-        )
-        start_run(trainer, config, resuming=config.resume or resume_from is not None)
+    # model_init_kwargs were applied when the planner loaded (`load_planner`)
+    with init_kwargs_kept_from_trl(config):
+        if parts.cases is None or parts.scorer is None:
+            trajectories = load_trajectories(str(config.trajectories))
+            trainer = FlowGRPOTrainer.offline(parts.model, trajectories=trajectories, **common)
+        else:
+            trainer = FlowGRPOTrainer.online(
+                parts.model,
+                cases=parts.cases,
+                scorer=parts.scorer,
+                engine=parts.engine,
+                tools=parts.tools,
+                prompts=parts.prompts,
+                rollout_store=TrajectoryStore(out / ROLLOUTS_FILE),
+                reward_errors=config.reward_errors,
+                rollout_concurrency=config.rollout_concurrency,
+                handle=parts.handle,
+                server=served(config, out),
+                extra_rewards={
+                    "format_penalty": format_penalty(config.format_penalty, config.train_nodes)
+                }
+                if config.format_penalty
+                else None,
+                **common,
+            )
+            start_run(trainer, config, resuming=config.resume or resume_from is not None)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     final = out / "final"
     return save_final(

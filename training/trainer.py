@@ -22,6 +22,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -62,6 +63,7 @@ from flowlearn.training.metrics import (
 )
 from flowlearn.training.model import (
     frozen_reference,
+    init_kwargs_kept_from_trl,
     install_reference,
     recompute_old_logps,
     reference_kept_from_trl,
@@ -189,7 +191,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         upcast_trainable(model)  # fp32 master weights; bf16=True autocasts the compute
         warn_on_dropout(model, args.disable_dropout)
         keep = reference_kept_from_trl(args, reference, node_adapters=self.roles is not None)
-        with keep, vllm_kept_from_trl(args):  # ours instead
+        loaded = init_kwargs_kept_from_trl(args) if self.flow_parts else contextlib.nullcontext()
+        with keep, vllm_kept_from_trl(args), loaded:  # ours instead; TRL's shape loaded the model
             super().__init__(
                 model=model,
                 # never called (rewards come from the source); TRL checks reward_weights on them
@@ -325,6 +328,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             max_completion_length=self.flow_args.max_completion_length,
             step_credit=self.step_credit,
             sampling=self.flow_context.planner_sampling(),  # stored/offline rows checked
+            mask_truncated=self.flow_args.mask_truncated_completions,  # DAPO's overlong filter
         )
         node_stats: dict[str, dict[str, Any]] = {}
         if self.roles is not None:  # each node's rows, advantages and weights (`roles`)

@@ -141,9 +141,9 @@ def test_ranges_and_annotations_read_as_written() -> None:
         ("chat_template_kwargs: {enable_thinking: false}", "chat_template_kwargs"),
         ("max_tool_calling_iterations: 4", "max_tool_calling_iterations"),
         ("multi_objective_aggregation: normalize_then_sum", "multi_objective_aggregation"),
-        ("mask_truncated_completions: true", "mask_truncated_completions"),
         ("log_completions: true", "log_completions"),
         ("num_generations_eval: 4", "num_generations_eval"),
+        ("trust_remote_code: true", "trust_remote_code"),
     ],
 )
 def test_trl_settings_the_flow_cannot_honour_are_refused_not_ignored(

@@ -205,3 +205,23 @@ def test_step_credit_groups_turns_that_saw_the_same_input() -> None:
         assert row.advantage == pytest.approx(base.advantage + 0.5 * (value - mean) / (std + EPS))
     later = [(r, p) for r, p in zip(credited.rows, plain.rows, strict=True) if r.turn > 1]
     assert all(r.advantage == p.advantage for r, p in later)
+
+
+def test_turns_cut_off_by_their_budget_are_left_out_under_mask_truncated() -> None:
+    """TRL's `mask_truncated_completions` (DAPO's overlong filter), per turn of a flow."""
+    group = [trajectory(f"t{i}", "g", float(i % 2), [3, 4]) for i in range(4)]
+    for t in group:  # the first turn ran out of its budget of 3 tokens, the second ended at 4 of 8
+        t.transitions[0]["sampling"] = {"temperature": 1.0, "max_new_tokens": 3}
+        t.transitions[1]["sampling"] = {"temperature": 1.0, "max_new_tokens": 8}
+    kept = build_flow_grpo_rows(group, "paper")
+    assert (kept.stats["rows"], kept.stats["rows_truncated"]) == (8, 0)
+    masked = build_flow_grpo_rows(group, "paper", mask_truncated=True)
+    assert (masked.stats["rows"], masked.stats["rows_truncated"]) == (4, 4)
+    assert {r.turn for r in masked.rows} == {2}
+    # the advantages are the outcome's, as before: the cut-off turns only leave the loss
+    assert sorted({r.advantage for r in masked.rows}) == sorted({r.advantage for r in kept.rows})
+    assert sum(r.token_weight * len(r.completion_ids) for r in masked.rows) == pytest.approx(1)
+    # past max_completion_length counts as cut off too (kept and cut without the mask)
+    longer = build_flow_grpo_rows(group, "paper", mask_truncated=True, max_completion_length=3)
+    assert (longer.stats["rows"], longer.stats["rows_truncated"]) == (0, 8)
+    assert longer.stats["trajectories_dropped"] == 4

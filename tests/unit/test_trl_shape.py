@@ -243,3 +243,81 @@ def test_trls_shape_resumes_from_its_checkpoint(tiny_model_dir: Path, tmp_path: 
     assert again.state.global_step == 2 and (out / "checkpoint-2").is_dir()
     log = [h for h in again.state.log_history if "flow/rows" in h]
     assert [h["step"] for h in log] == [1, 2]  # step 1's log came back with the checkpoint
+
+
+def test_model_init_kwargs_load_the_planner_by_name_as_trl_does(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TRL's `model_init_kwargs` reach `from_pretrained` (an attention kernel, a dtype)."""
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": f"What is {i} + 1?", "solution": "1"} for i in range(2)]
+    )
+    init = {"attn_implementation": "eager", "dtype": "bfloat16"}
+    args = flow_config(tmp_path / "out", model_init_kwargs=init, lora=True)
+    with caplog.at_level("WARNING"):
+        trainer = FlowGRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs="exact_match", args=args, train_dataset=dataset
+        )
+    base = trainer.model.get_base_model()
+    assert base.config._attn_implementation == "eager"
+    frozen = [p.dtype for n, p in base.named_parameters() if "lora_" not in n]
+    assert set(frozen) == {torch.bfloat16}  # the base as asked; the adapter trains in fp32
+    assert {p.dtype for p in base.parameters() if p.requires_grad} == {torch.float32}
+    assert args.model_init_kwargs == init  # given back after TRL's constructor
+    assert "model_init_kwargs" not in caplog.text  # TRL was not told they went unused
+
+
+@pytest.mark.parametrize(
+    ("init", "message"),
+    [
+        ({"device_map": "auto"}, "device_map: flowlearn places the planner"),
+        ({"quantization_config": {"load_in_4bit": True}}, "quantization_config is not supported"),
+        ({"trust_remote_code": True}, "trust_remote_code: not supported"),
+        ({"dtype": "bfloat16", "torch_dtype": "float16"}, "names two dtypes"),
+        ({"dtype": "float8"}, "unknown dtype 'float8'"),
+    ],
+)
+def test_model_init_kwargs_flowlearn_cannot_honour_are_refused(
+    tiny_model_dir: Path, tmp_path: Path, init: dict[str, Any], message: str
+) -> None:
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": f"What is {i} + 1?", "solution": "1"} for i in range(2)]
+    )
+    with pytest.raises(ValueError, match=message):
+        FlowGRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs="exact_match",
+            args=flow_config(tmp_path / "out", model_init_kwargs=init),
+            train_dataset=dataset,
+        )
+
+
+def test_model_init_kwargs_beside_a_loaded_model_are_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": f"What is {i} + 1?", "solution": "1"} for i in range(2)]
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    args = flow_config(tmp_path / "out", model_init_kwargs={"attn_implementation": "eager"})
+    with pytest.raises(ValueError, match="loads the model by name; this model is loaded"):
+        FlowGRPOTrainer(model=model, reward_funcs="exact_match", args=args, train_dataset=dataset)
+
+
+def test_mask_truncated_completions_leaves_cut_off_turns_out_of_the_step(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": f"What is {i} + 1?", "solution": "1"} for i in range(2)]
+    )
+    args = flow_config(tmp_path / "out", mask_truncated_completions=True)
+    trainer = FlowGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs="exact_match", args=args, train_dataset=dataset
+    )
+    trainer.train()
+    (record,) = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    # a random tiny planner rambles to its budget of 8 tokens: those turns are not trained on
+    assert record["flow/rows_truncated"] > 0
+    assert record["flow/rows"] + record["flow/rows_truncated"] == 4  # 2 questions x G=2, 1 turn
