@@ -79,10 +79,12 @@ def tokenizer(folder: Path) -> Any:
     return fast
 
 
-def model(shape: dict[str, Any], tok: Any, device: str, dtype: Any) -> Any:
-    """A randomly initialised Qwen2 of the given shape."""
+def model(shape: dict[str, Any], tok: Any, device: str, dtype: Any, attn: str | None = None) -> Any:
+    """A randomly initialised Qwen2 of the given shape (`attn`: transformers' attention kernel)."""
     torch.manual_seed(0)
     config = Qwen2Config(**shape, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if attn is not None:
+        config._attn_implementation = attn  # as from_pretrained(attn_implementation=) sets it
     return Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
 
 

@@ -52,6 +52,7 @@ import torch
 from gpu_checks import QWEN25_05B, TINY, model, tokenizer
 
 from flowlearn.engine.batching import BatchingPolicy
+from flowlearn.engine.loading import load_model_and_tokenizer
 from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.scripted import ScriptedChatModel
 from flowlearn.evals.cases import Case
@@ -397,8 +398,14 @@ def load(args: argparse.Namespace) -> HFPolicy:
     if args.tiny or args.device == "cuda":
         shape, dtype = (TINY, torch.float32) if args.tiny else (QWEN25_05B, torch.bfloat16)
         tok = tokenizer(args.work / "tokenizer")
-        return HFPolicy(model(shape, tok, args.device, dtype), tok, version=args.model_name)
-    return HFPolicy.from_pretrained(args.planner, device=args.device)
+        built = model(shape, tok, args.device, dtype, attn=args.attn)
+        return HFPolicy(built, tok, version=args.model_name)
+    if args.attn is None:
+        return HFPolicy.from_pretrained(args.planner, device=args.device)
+    loaded, tok = load_model_and_tokenizer(
+        args.planner, device=args.device, model_kwargs={"attn_implementation": args.attn}
+    )
+    return HFPolicy(loaded, tok, version=args.model_name)
 
 
 def breakdown(flow: dict, update: dict | None) -> list[str]:
@@ -441,6 +448,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "trainer's default rollout_concurrency)",
     )
     parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait (0.05 s)")
+    parser.add_argument(
+        "--attn",
+        help="both arms' attention kernel, transformers' attn_implementation (sdpa, eager, "
+        "flash_attention_2, a Hub kernel); default: the model's own (sdpa)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,
@@ -488,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "model": args.model_name,
         "prompt_set": args.prompts.name,
-        "settings": {k: vars(args)[k] for k in ("questions", "group", "tokens", "turns", "repeats")}
+        "settings": {
+            k: vars(args)[k] for k in ("questions", "group", "tokens", "turns", "repeats", "attn")
+        }
         | {
             "max_wait_s": args.max_wait,
             "batch": args.questions * args.group,

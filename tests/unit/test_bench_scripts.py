@@ -14,7 +14,7 @@ def test_the_rollout_speed_bench_reports_both_arms_and_the_ratio(tmp_path: Path)
     out = tmp_path / "speed.json"
     command = [sys.executable, str(BENCH / "rollout_speed.py"), "--tiny", "--no-update"]
     command += ["--questions", "1", "--group", "4", "--tokens", "8", "--repeats", "2"]
-    command += ["--out", str(out), "--work", str(tmp_path / "work")]
+    command += ["--out", str(out), "--work", str(tmp_path / "work"), "--attn", "eager"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
@@ -28,6 +28,7 @@ def test_the_rollout_speed_bench_reports_both_arms_and_the_ratio(tmp_path: Path)
     assert len(report["flow"]["repeats"]) == len(report["trl"]["repeats"]) == 2
     assert report["flow"]["rollouts"] == 4 and report["flow"]["planner_calls"] >= 4
     assert 0 < report["flow"]["occupancy"] <= 1
+    assert report["settings"]["attn"] == "eager"  # both arms' attention kernel, as asked
     assert out.with_suffix(".txt").read_text().strip().endswith(last)
 
 
