@@ -48,6 +48,25 @@ CAPITALS = {
     "Portugal": "Lisbon",
     "Hungary": "Budapest",
 }
+MORE_CAPITALS = {
+    "Brazil": "Brasilia",
+    "China": "Beijing",
+    "Russia": "Moscow",
+    "Finland": "Helsinki",
+    "Denmark": "Copenhagen",
+    "Belgium": "Brussels",
+    "Thailand": "Bangkok",
+    "Iran": "Tehran",
+    "Colombia": "Bogota",
+    "Venezuela": "Caracas",
+    "Nigeria": "Abuja",
+    "Ghana": "Accra",
+    "Morocco": "Rabat",
+    "Vietnam": "Hanoi",
+    "Nepal": "Kathmandu",
+}
+"""More training countries, for a test that asks more of held-out generalisation
+(`write_corpus(more=True)`); not in `TRAIN_COUNTRIES`."""
 HELD_OUT_COUNTRIES = ["Kenya", "Cuba", "Ireland", "Portugal", "Hungary"]
 TRAIN_COUNTRIES = [c for c in CAPITALS if c not in HELD_OUT_COUNTRIES]
 TRAIN_NUMBERS = (2, 59)
@@ -56,15 +75,17 @@ HELD_OUT_NUMBERS = (60, 99)
 """Held-out sums add numbers from 60 to 99 (totals from 120): no number or total of training."""
 
 
-def write_corpus(path: Path, *, first: Sequence[str] = ()) -> Path:
+def write_corpus(path: Path, *, first: Sequence[str] = (), more: bool = False) -> Path:
     """One passage per country, held-out ones included; the countries `first` come first.
 
     Tied passages rank in corpus order, so the first ones fill every search's later places.
+    `more`: `MORE_CAPITALS`' countries too.
     """
-    order = [*first, *(country for country in CAPITALS if country not in first)]
+    capitals = {**CAPITALS, **MORE_CAPITALS} if more else CAPITALS
+    order = [*first, *(country for country in capitals if country not in first)]
     lines = [
         json.dumps(
-            {"id": f"c{i}", "title": name, "text": f"{CAPITALS[name]} is the capital of {name}."}
+            {"id": f"c{i}", "title": name, "text": f"{capitals[name]} is the capital of {name}."}
         )
         for i, name in enumerate(order)
     ]
@@ -89,9 +110,8 @@ def make_cases(
             cases.append(Case(f"{seed}-{i}", f"What is {a} + {b}?", str(a + b)))
         else:
             country = rng.choice(countries)
-            cases.append(
-                Case(f"{seed}-{i}", f"What is the capital of {country}?", CAPITALS[country])
-            )
+            capital = CAPITALS.get(country) or MORE_CAPITALS[country]
+            cases.append(Case(f"{seed}-{i}", f"What is the capital of {country}?", capital))
     if shuffle:
         rng.shuffle(cases)
     return cases
