@@ -140,7 +140,10 @@ def model_location(
 
 
 def parameter_count(
-    source: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None
+    source: str | os.PathLike[str] | None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    revision: str | None = None,
 ) -> int:
     """Count a model's parameters from its config alone, without loading its weights.
 
@@ -156,6 +159,8 @@ def parameter_count(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     location, kwargs = model_location(source, cache_dir)
+    if revision is not None:
+        kwargs["revision"] = revision
     try:
         config = AutoConfig.from_pretrained(location, **kwargs)
     except OSError as exc:
@@ -191,12 +196,14 @@ def load_model_and_tokenizer(
 
     Raises:
         ModelNotFoundError: nothing loadable at `source`, with how to fix it.
-        ValueError: `model_kwargs` naming the device, the dtype or where the model is.
+        ValueError: `model_kwargs` naming the device, the dtype or where the model is, or
+            keywords the model does not take (a misspelt one, a kernel not installed).
 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    owned = sorted(set(model_kwargs or {}) & OWNED_LOAD_KEYS)
+    extra = dict(model_kwargs or {})
+    owned = sorted(set(extra) & OWNED_LOAD_KEYS)
     if owned:
         raise ValueError(
             f"model keywords {owned}: the device and dtype are chosen apart (device, dtype) and "
@@ -205,11 +212,23 @@ def load_model_and_tokenizer(
     chosen, torch_dtype = pick_device_and_dtype(device, dtype)
     text = str(source) if source is not None else ""
     location, kwargs = model_location(source, cache_dir)
+    # the tokenizer comes from the same revision as the weights (TRL's `model_revision`)
+    shared = {**kwargs, **({"revision": extra["revision"]} if "revision" in extra else {})}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            location, dtype=torch_dtype, **kwargs, **dict(model_kwargs or {})
-        )
+        tokenizer = AutoTokenizer.from_pretrained(location, **shared)
+        try:
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                location, dtype=torch_dtype, **kwargs, **extra
+            )
+        except (ImportError, TypeError) as exc:
+            if not extra:
+                raise
+            named = text or "the default model"
+            raise ValueError(
+                f"the model keywords {sorted(extra)} could not be applied to {named!r}: {exc}. "
+                "Check their spelling against transformers' from_pretrained, and that a named "
+                "kernel's package is installed"
+            ) from exc
     except OSError as exc:
         raise ModelNotFoundError(
             f"could not load a model from {text!r}: {exc}. Name a local folder, a .gguf file, "

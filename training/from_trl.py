@@ -96,6 +96,7 @@ def resolve_source(
         refuse_parts_beside_source(
             args, reward_funcs=reward_funcs, train_dataset=train_dataset, **parts
         )
+        refuse_init_kwargs_beside_loaded(model, args)
         return model, cast(GRPOConfig, args), source, None
     processing_class = trainer_kwargs.pop("processing_class", None)
     args, built = trl_shape(
@@ -103,6 +104,20 @@ def resolve_source(
     )
     trainer_kwargs["processing_class"] = built.tokenizer
     return built.model, args, built.source, built
+
+
+def refuse_init_kwargs_beside_loaded(model: Any, args: Any) -> None:
+    """Refuse `args.model_init_kwargs` beside a model object (TRL would only log it ignores them).
+
+    Raises:
+        ValueError: `model` is loaded already and `args.model_init_kwargs` is set.
+
+    """
+    if not isinstance(model, str) and getattr(args, "model_init_kwargs", None):
+        raise ValueError(
+            "args.model_init_kwargs apply when the trainer loads the model by name; this model "
+            "is loaded already: pass its name as model=, or load it with those keywords yourself"
+        )
 
 
 def trl_shape(
@@ -191,11 +206,7 @@ def trl_parts(
     cases = dataset_cases(train_dataset)
     device = "cpu" if args.use_cpu else None  # None: CUDA when available
     source_name = _model_name(model, args)
-    if not isinstance(model, str) and args.model_init_kwargs:
-        raise ValueError(
-            "args.model_init_kwargs apply when the trainer loads the model by name; this model "
-            "is loaded already: pass its name as model=, or load it with those keywords yourself"
-        )
+    refuse_init_kwargs_beside_loaded(model, args)
     if isinstance(model, str):
         model, loaded, lora = load_planner(args, model, None, device)
         processing_class = processing_class or loaded

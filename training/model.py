@@ -253,9 +253,11 @@ def load_planner(
     down.
     """
     lora = config.lora
-    if lora is None and not str(source).endswith(".gguf"):
-        lora = parameter_count(source, cache_dir) > 1e9
     init, dtype = init_kwargs(config)
+    if lora is None and not str(source).endswith(".gguf"):
+        lora = parameter_count(source, cache_dir, revision=init.get("revision")) > 1e9
+    if lora is not None:
+        check_kernel(init, lora, dtype)
     model, tokenizer = load_model_and_tokenizer(
         source,
         device=device,
@@ -265,6 +267,7 @@ def load_planner(
     )
     if lora is None:
         lora = model.num_parameters() > 1e9
+        check_kernel(init, lora, dtype)
         if lora and dtype is None:  # the base as for inference, unless a dtype was asked for
             model.to(pick_device_and_dtype(device, None)[1])
     return model, tokenizer, bool(lora)
@@ -281,11 +284,12 @@ def init_kwargs(config: Any) -> tuple[dict[str, Any], str | None]:
 
     TRL's convention: `{"attn_implementation": "sdpa", "dtype": "bfloat16"}`. The dtype (or
     transformers' older `torch_dtype`) is the precision the weights load in; trainable weights
-    are still trained in fp32 (`upcast_trainable`). The device is flowlearn's to choose.
+    are still trained in fp32 (`upcast_trainable`). The device is flowlearn's to choose, so a
+    `device_map` or `quantization_config` of None (TRL's own defaults) is dropped.
 
     Raises:
-        ValueError: a `device_map`, a `quantization_config` or `trust_remote_code`, which
-            flowlearn cannot honour, or two dtypes.
+        ValueError: a `device_map`, a `quantization_config`, `trust_remote_code`, `cache_dir`
+            or `gguf_file`, which flowlearn sets or cannot honour, an unknown dtype, or two.
 
     """
     given = config.model_init_kwargs or {}
@@ -294,6 +298,9 @@ def init_kwargs(config: Any) -> tuple[dict[str, Any], str | None]:
             f"model_init_kwargs must be a mapping of from_pretrained keywords, got {given!r}"
         )
     init = dict(given)
+    for key in ("device_map", "quantization_config"):
+        if key in init and init[key] is None:
+            del init[key]
     if init.pop("trust_remote_code", False):
         raise ValueError(f"model_init_kwargs.trust_remote_code: {NO_REMOTE_CODE}")
     if "device_map" in init:
@@ -306,13 +313,49 @@ def init_kwargs(config: Any) -> tuple[dict[str, Any], str | None]:
             "model_init_kwargs.quantization_config is not supported yet: the planner loads in "
             "bf16 or fp32 (LoRA keeps one copy of the base for rollouts and training)"
         )
-    dtypes = {init.pop(k) for k in ("dtype", "torch_dtype") if k in init}
+    for key in sorted({"cache_dir", "gguf_file"} & set(init)):
+        raise ValueError(
+            f"model_init_kwargs.{key}: the planner is the model named (a hub id, a folder or a "
+            "path ending in .gguf) and flowlearn keeps its own cache ($FLOWLEARN_CACHE, by default "
+            f"~/.cache/flowlearn); drop {key}"
+        )
+    dtypes = {dtype_name(init.pop(k)) for k in ("dtype", "torch_dtype") if k in init}
     if len(dtypes) > 1:
-        raise ValueError(f"model_init_kwargs names two dtypes {sorted(map(str, dtypes))}; give one")
+        raise ValueError(f"model_init_kwargs names two dtypes {sorted(dtypes)}; give one")
     dtype = next(iter(dtypes), None)
-    if dtype is not None and not isinstance(dtype, str):  # a torch.dtype, from Python
-        dtype = str(dtype).removeprefix("torch.")
+    if dtype not in (None, "auto") and not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise ValueError(
+            f"model_init_kwargs.dtype {dtype!r} is not a torch dtype; use e.g. float32, "
+            "bfloat16, float16 or auto"
+        )
     return init, dtype
+
+
+def dtype_name(dtype: Any) -> str:
+    """`torch.bfloat16` or "bfloat16" as "bfloat16" (TRL takes either)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def check_kernel(init: Mapping[str, Any], lora: bool, dtype: str | None) -> None:
+    """Refuse a flash-attention kernel for a planner whose trained weights are fp32.
+
+    Full fine-tuning keeps the trainable weights in fp32 (`upcast_trainable`) and rollouts
+    decode without autocast, so flash attention (fp16 and bf16 only) would fail at the first
+    rollout's forward.
+
+    Raises:
+        ValueError: `attn_implementation` names a flash-attention kernel and the planner is
+            fully fine-tuned.
+
+    """
+    kernel = str(init.get("attn_implementation") or "")
+    if "flash" in kernel.lower() and not lora:
+        raise ValueError(
+            f"model_init_kwargs.attn_implementation {kernel!r} runs in fp16 or bf16 only, and "
+            f"a fully fine-tuned planner trains and samples with fp32 weights (dtype "
+            f"{dtype or 'float32'} loads them, training upcasts them); use sdpa, or lora: true "
+            "(the frozen base stays in bf16)"
+        )
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import types
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,6 +19,7 @@ import torch
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import SCORERS
 from flowlearn.training.config import FlowGRPOConfig
+from flowlearn.training.model import init_kwargs
 from flowlearn.training.rewards import RewardFunctions, dataset_cases, reward_function
 from flowlearn.training.trainer import FlowGRPOTrainer, read_metrics
 from flowlearn.training.trajectories import Trajectory
@@ -274,7 +276,13 @@ def test_model_init_kwargs_load_the_planner_by_name_as_trl_does(
         ({"quantization_config": {"load_in_4bit": True}}, "quantization_config is not supported"),
         ({"trust_remote_code": True}, "trust_remote_code: not supported"),
         ({"dtype": "bfloat16", "torch_dtype": "float16"}, "names two dtypes"),
-        ({"dtype": "float8"}, "unknown dtype 'float8'"),
+        ({"dtype": "float8"}, "model_init_kwargs.dtype 'float8' is not a torch dtype"),
+        ({"cache_dir": "elsewhere"}, "model_init_kwargs.cache_dir: the planner is the model"),
+        # full fine-tuning trains and samples fp32 weights, which flash attention cannot take
+        ({"attn_implementation": "flash_attention_2"}, "runs in fp16 or bf16 only"),
+        # a misspelt keyword reaches the model's constructor: a ValueError naming them, not a
+        # TypeError from deep in transformers
+        ({"attn_implemntation": "eager"}, r"model keywords \['attn_implemntation'\] could not"),
     ],
 )
 def test_model_init_kwargs_flowlearn_cannot_honour_are_refused(
@@ -292,6 +300,19 @@ def test_model_init_kwargs_flowlearn_cannot_honour_are_refused(
         )
 
 
+def test_model_init_kwargs_in_trls_other_spellings_mean_the_same() -> None:
+    """A torch dtype or its name, and TRL's own None for the device map and quantization."""
+    given = {
+        "dtype": torch.bfloat16,
+        "torch_dtype": "bfloat16",
+        "device_map": None,
+        "quantization_config": None,
+        "attn_implementation": "sdpa",
+    }
+    config = types.SimpleNamespace(model_init_kwargs=given)
+    assert init_kwargs(config) == ({"attn_implementation": "sdpa"}, "bfloat16")
+
+
 def test_model_init_kwargs_beside_a_loaded_model_are_refused(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -304,6 +325,9 @@ def test_model_init_kwargs_beside_a_loaded_model_are_refused(
     args = flow_config(tmp_path / "out", model_init_kwargs={"attn_implementation": "eager"})
     with pytest.raises(ValueError, match="loads the model by name; this model is loaded"):
         FlowGRPOTrainer(model=model, reward_funcs="exact_match", args=args, train_dataset=dataset)
+    # the flow's own shapes too: TRL would only log that it ignores them
+    with pytest.raises(ValueError, match="loads the model by name; this model is loaded"):
+        FlowGRPOTrainer.offline(model, args=args, trajectories=[])
 
 
 def test_mask_truncated_completions_leaves_cut_off_turns_out_of_the_step(
