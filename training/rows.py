@@ -30,16 +30,18 @@ Why it looks like this:
 8. `mask_truncated` is TRL's `mask_truncated_completions` (DAPO's overlong filtering): a turn
    cut off by its token budget is not trained on (`Truncation`, counted in `rows_truncated`),
    as TRL zeroes such a completion's mask. A turn is truncated when it spent its recorded budget
-   (`sampling.max_new_tokens`; one that ended exactly there counts too) or when it is longer
-   than `max_completion_length`. Its trajectory's reward still counts in its group's advantage
-   statistics, as other left-out turns' do.
+   (`sampling.max_new_tokens`) without ending in one of `end_ids` (EOS, pad: TRL's own test) or
+   when it is longer than `max_completion_length`. A stop string that ended a turn exactly on
+   its budget's last token is not told apart (the transition does not record why it ended).
+   Its trajectory's reward still counts in its group's advantage statistics, as other left-out
+   turns' do.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -119,6 +121,7 @@ def build_flow_grpo_rows(
     step_credit: StepCredit | None = None,
     sampling: Sampling | None = None,
     mask_truncated: bool = False,
+    end_ids: Collection[int] = (),
 ) -> FlowGRPOBatch:
     """Build Flow-GRPO rows from rewarded trajectories grouped by `group_id`.
 
@@ -139,6 +142,8 @@ def build_flow_grpo_rows(
         sampling: the trainer's sampling; a row recorded with another temperature, or with
             processed logprobs under top-p < 1, is refused (`check_sampling`).
         mask_truncated: leave out turns cut off by their token budget (`Truncation`), counted.
+        end_ids: token ids that end a completion (EOS, pad); a turn whose last token is one
+            ended by itself, even on its budget's last token.
 
     Raises:
         ValueError: unknown mode or scale, a transition without token ids, or one whose
@@ -159,7 +164,7 @@ def build_flow_grpo_rows(
     }
     groups = group_trajectories(trajectories, stats)
     stats["groups"] = len(groups)
-    cut_off = Truncation(max_completion_length) if mask_truncated else None
+    cut_off = Truncation(max_completion_length, frozenset(end_ids)) if mask_truncated else None
     turns = kept_turns(groups, nodes, max_prompt_length, sampling, stats, truncation=cut_off)
     zero_variance = {g for g, m in groups.items() if len({t.total_reward for t in m}) == 1}
     stats["zero_variance_share"] = len(zero_variance) / len(groups) if groups else 0.0
@@ -370,19 +375,20 @@ class Truncation:
 
     max_completion_length: int | None = None
     """Turns longer than this are cut off too (they would be cut to it for training)."""
+    end_ids: frozenset[int] = frozenset()
+    """Token ids that end a completion (EOS, pad): a turn ending in one was not cut off."""
 
     def cut_off(self, transition: Transition) -> bool:
-        """Whether the turn spent its recorded token budget or runs past the length.
+        """Whether the turn spent its recorded token budget unended, or runs past the length.
 
-        A turn that ended (EOS, a stop string) on its budget's last token counts as cut off
-        too: the transition does not say which; TRL's own test (no EOS) differs only there.
+        A turn that ended on a stop string on its budget's last token counts as cut off: the
+        transition does not say why it ended.
         """
-        length = len(transition.get("completion_ids") or [])
+        ids = transition.get("completion_ids") or []
         budget = (transition.get("sampling") or {}).get("max_new_tokens")
         limit = self.max_completion_length
-        return (isinstance(budget, int) and length >= budget) or (
-            limit is not None and length > limit
-        )
+        spent = isinstance(budget, int) and len(ids) >= budget and ids[-1] not in self.end_ids
+        return spent or (limit is not None and len(ids) > limit)
 
 
 def drop_groups(

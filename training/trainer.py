@@ -329,6 +329,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             step_credit=self.step_credit,
             sampling=self.flow_context.planner_sampling(),  # stored/offline rows checked
             mask_truncated=self.flow_args.mask_truncated_completions,  # DAPO's overlong filter
+            end_ids={*self.eos_token_ids, self._tokenizer.pad_token_id},  # TRL's eos_and_pad
         )
         node_stats: dict[str, dict[str, Any]] = {}
         if self.roles is not None:  # each node's rows, advantages and weights (`roles`)

@@ -225,3 +225,7 @@ def test_turns_cut_off_by_their_budget_are_left_out_under_mask_truncated() -> No
     longer = build_flow_grpo_rows(group, "paper", mask_truncated=True, max_completion_length=3)
     assert (longer.stats["rows"], longer.stats["rows_truncated"]) == (0, 8)
     assert longer.stats["trajectories_dropped"] == 4
+    # a turn whose last token ends a completion (EOS, pad) ended by itself on its budget
+    assert {t.transitions[0]["completion_ids"][-1] for t in group} == {2}  # ids 0, 1, 2
+    ended = build_flow_grpo_rows(group, "paper", mask_truncated=True, end_ids={2, 99})
+    assert (ended.stats["rows"], ended.stats["rows_truncated"]) == (8, 0)
