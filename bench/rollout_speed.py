@@ -515,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
         flow_arm = FlowArm(args, load(args))
         prompts = flow_arm.warm_up()
         trl_policy = load(args)  # its own copy of the same weights
+        report.data["settings"]["attn_used"] = sorted(  # what each arm's model runs, as loaded
+            {p.handle.model.config._attn_implementation for p in (flow_arm.policy, trl_policy)}
+        )
         trl_arm = on_own_thread(lambda: TRLArm(args, trl_policy, prompts))
         trl_arm.warm_up()
         report.say(

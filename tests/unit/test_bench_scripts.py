@@ -29,6 +29,7 @@ def test_the_rollout_speed_bench_reports_both_arms_and_the_ratio(tmp_path: Path)
     assert report["flow"]["rollouts"] == 4 and report["flow"]["planner_calls"] >= 4
     assert 0 < report["flow"]["occupancy"] <= 1
     assert report["settings"]["attn"] == "eager"  # both arms' attention kernel, as asked
+    assert report["settings"]["attn_used"] == ["eager"]  # and what their models ran
     assert out.with_suffix(".txt").read_text().strip().endswith(last)
 
 
