@@ -49,13 +49,43 @@ TWO_STEP_CALLS = [
 from the context, in the order the question asks."""
 
 
-def with_two_step_calls(prompts: Any) -> Any:
-    """`prompts` whose python call examples add `TWO_STEP_CALLS` after the preset's."""
+DISTRACTORS = [
+    ("Lake Orrin", "Lake Orrin is 41 metres deep."),
+    ("The Sael Lighthouse", "The Sael Lighthouse was built in 1902."),
+    ("Port Venna", "Port Venna is the capital of Ulmaria."),
+]
+"""Made-up passages a search lists after the match, in the rendered worked calls."""
+
+
+def rendered(context: str, n: int) -> str:
+    """`context`'s sentences as the local_search tool renders a hit list: the facts first,
+    then distractors, `[rank] (id: ...) Title` above each text (`render_passages`)."""
+    facts = [f if f.endswith(".") else f + "." for f in context.split(". ") if f]
+    passages = [(f.split(" is ")[0].split(" was ")[0].split(" lasted ")[0]
+                 .split(" weighs ")[0], f) for f in facts]  # fmt: skip
+    passages += (DISTRACTORS * 2)[n % len(DISTRACTORS) :][: max(0, 3 - len(passages))]
+    return "\n\n".join(
+        f"[{rank}] (id: ex-{n}-{rank}) {title}\n{text}"
+        for rank, (title, text) in enumerate(passages, 1)
+    )
+
+
+def with_two_step_calls(prompts: Any, *, render: bool = False) -> Any:
+    """`prompts` whose python call examples add `TWO_STEP_CALLS` after the preset's.
+
+    `render`: each worked call's context is a search's hit list (`rendered`), as a planner that
+    copies the search tool's result into its plan would write it.
+    """
     shipped = list(prompts.call_examples.get("python", []))
     sub_goal = shipped[0]["sub_goal"] if shipped else "Compute the answer."
     added = [
-        {"question": q, "context": c, "sub_goal": sub_goal, "arguments": {"code": code}}
-        for q, c, code in TWO_STEP_CALLS
+        {
+            "question": q,
+            "context": rendered(c, n) if render else c,
+            "sub_goal": sub_goal,
+            "arguments": {"code": code},
+        }
+        for n, (q, c, code) in enumerate(TWO_STEP_CALLS)
     ]
     examples = {**prompts.call_examples, "python": [*shipped, *added]}
     return dataclasses.replace(prompts, call_examples=examples)
@@ -68,25 +98,31 @@ def passages_for(question: str, corpus: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", choices=["shipped", "two-step"], default="shipped")
+    parser.add_argument(
+        "--examples", choices=["shipped", "two-step", "two-step-rendered"], default="shipped"
+    )
     options = parser.parse_args()
     cases = [json.loads(line) for line in DATA.open()]
     corpus = [json.loads(line) for line in CORPUS.open()]
     spec = FlowSpec.from_env(planner="default", corpus=str(CORPUS))
     prompts = spec.prompt_set()
-    if options.examples == "two-step":
-        prompts = with_two_step_calls(prompts)
+    if options.examples != "shipped":
+        prompts = with_two_step_calls(prompts, render=options.examples == "two-step-rendered")
     _, engine = load_parts(spec, prompts)
     tools = build_tools(spec, engine, prompts)
+    search = next(t for t in tools if t.name == "local_search")
     executor = make_executor(engine, tools, prompts=prompts)
     runtime = SimpleNamespace(context=Context(), stream_writer=None)
-    rows, right = [], {"passages": 0, "numbers": 0}
+    rows, right = [], {"passages": 0, "numbers": 0, "search": 0}
     for case in cases:
         facts = passages_for(case["question"], corpus)
         numbers = ", ".join(re.findall(r"\d+", " ".join(facts)))
         plans = {
             "passages": ("Compute the answer to the question.", " ".join(facts)),
             "numbers": (f"Compute with {numbers}: {case['question']}", "none"),
+            # the search tool's hit list for the question, word for word (what a planner
+            # could copy from memory after one search)
+            "search": ("Compute the answer to the question.", search.invoke(case["question"])),
         }
         for name, (sub_goal, context) in plans.items():
             plan = {"turn": 2, "justification": "", "context": context, "sub_goal": sub_goal,
@@ -100,10 +136,11 @@ def main() -> None:
             rows.append(f"| {case['id']} | {name} | {int(ok)} | `{code}` | {printed[:30]} |")
     head = (
         f"# Executor from plans that carry the numbers: passages {right['passages']}/"
-        f"{len(cases)}, numbers {right['numbers']}/{len(cases)} right ({options.examples} "
-        "worked calls)"
+        f"{len(cases)}, numbers {right['numbers']}/{len(cases)}, search results "
+        f"{right['search']}/{len(cases)} right ({options.examples} worked calls)"
     )
-    out = OUT if options.examples == "shipped" else OUT.with_name("executor_numbers_two_step.md")
+    names = {"shipped": OUT.name, "two-step": "executor_numbers_two_step.md"}
+    out = OUT.with_name(names.get(options.examples, "executor_numbers_two_step_rendered.md"))
     out.parent.mkdir(parents=True, exist_ok=True)
     table = ["| id | plan | right | code | printed |", "|---|---|---|---|---|", *rows]
     out.write_text("\n".join([head, "", *table]) + "\n")
