@@ -6,7 +6,9 @@ defaults (2 steps, the second measured; 128 tokens a call; 8 flows in the rollou
 takes about 4 minutes on one H200. The arms run in order of importance (Flow-GRPO step, TRL's
 step, the rollout bench, the bf16 check) and the JSON is rewritten as each arm ends, so a
 timeout keeps the figures of the arms that finished. Prompts: AgentFlow's
-(`AGENTFLOW_PROMPTS`), for the flow's graph and the stock arm's planner prompt. A randomly
+(`AGENTFLOW_PROMPTS`); the stock arm's are the flow arm's first-turn planner prompts, token for
+token (each question's, decoded with their special tokens, as `rollout_speed.py`'s), or the
+planner template with a one-line tool catalogue when the flow arm is skipped. A randomly
 initialised model of the Qwen2.5-0.5B configuration, loaded in bf16, is the planner; the fixed
 engine is scripted, so the measured time is the policy's. Both trainers get the same model
 configuration, group size, batch and completion budget, and both train fp32 master weights
@@ -98,7 +100,7 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
         rollout_concurrency=args.rollout_concurrency,
         scorer=lambda answer, case: Score(float(random.random() < 0.5), "random reward"),
         cases=cases,
-        context=Context(  # with the analysis call, as the recorded figures (before session 24)
+        context=Context(  # with the analysis call, as the recorded figures were taken
             max_turns=args.turns,
             planner_temperature=1.0,
             planner_max_new_tokens=args.tokens,
@@ -106,6 +108,21 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
         ),
         processing_class=tok,
     )
+    rollouts_of = trainer.rollout
+
+    def keeping_prompts(step_cases: list[Case]) -> list[Any]:
+        """The step's rollouts; each question's first planner prompt kept for the stock arm."""
+        trajectories = rollouts_of(step_cases)
+        first: dict[str, list[int]] = {}
+        for trajectory in trajectories:
+            turn = next((t for t in trajectory.transitions if t["node"] == "planner"), None)
+            if turn is not None:
+                first.setdefault(trajectory.group_id, turn["prompt_ids"])
+        args.flow_prompts += [tok.decode(ids) for ids in first.values()]
+        return trajectories
+
+    args.flow_prompts = []
+    trainer.rollout = keeping_prompts
     reset_peak(cuda)
     start = time.perf_counter()
     trainer.train()
@@ -139,7 +156,53 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
 
     cuda = device == "cuda"
     policy = model(args.shape, tok, device, dtype).float()  # fp32 master weights, as the flow's
-    prompt = PROMPTS.template("planner", analysis=True).format(
+    prompts = getattr(args, "flow_prompts", [])
+    if prompts:  # the flow's own first-turn prompts, token for token (as rollout_speed.py's)
+        rows = [{"prompt": p} for p in prompts]
+    else:  # the flow arm was skipped: the planner template with a short catalogue
+        rows = [{"prompt": [{"role": "user", "content": template_prompt(args)}]}]
+    count = args.questions * args.steps
+    data = datasets.Dataset.from_list((rows * count)[:count])
+    trainer = GRPOTrainer(
+        model=policy,
+        reward_funcs=[random_reward],
+        args=grpo_config(out / "stock", args, cuda),
+        train_dataset=data,
+        processing_class=tok,
+    )
+    seen: list[int] = []
+    generate = trainer._generate_single_turn
+
+    def counting(prompt_ids: Any, *rest: Any, **kwargs: Any) -> Any:
+        seen.extend(len(p) for p in prompt_ids)
+        return generate(prompt_ids, *rest, **kwargs)
+
+    trainer._generate_single_turn = counting
+    reset_peak(cuda)
+    start = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - start
+    logs = [h for h in trainer.state.log_history if "step_time" in h]
+    logs = logs[1:] or logs  # the first step warms up
+    times = [h["step_time"] for h in logs]
+    lengths = [h.get("completions/mean_length", args.tokens) for h in logs]
+    rows_a_step = args.questions * args.group
+    step = statistics.mean(times)
+    return {
+        "steps": args.steps,
+        "prompts": "the flow's first-turn planner prompts" if prompts else "the planner template",
+        "mean_prompt_tokens": statistics.mean(seen) if seen else None,
+        "seconds_total": total,
+        "seconds_per_step": step,
+        "completion_tokens_per_step": statistics.mean(lengths) * rows_a_step,
+        "completion_tokens_per_second": statistics.mean(lengths) * rows_a_step / step,
+        "peak_memory_gib": peak_gib(cuda),
+    }
+
+
+def template_prompt(args: argparse.Namespace) -> str:
+    """The planner's first-turn prompt with a one-line tool catalogue and no worked plans."""
+    return PROMPTS.template("planner", analysis=True).format(
         question="What is 12 + 30?",
         analysis="Analysis: arithmetic.",
         tools="- python: run code",
@@ -149,34 +212,6 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
         tool_names="python",
         examples="",
     )
-    data = datasets.Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": prompt}]}] * (args.questions * args.steps)
-    )
-    trainer = GRPOTrainer(
-        model=policy,
-        reward_funcs=[random_reward],
-        args=grpo_config(out / "stock", args, cuda),
-        train_dataset=data,
-        processing_class=tok,
-    )
-    reset_peak(cuda)
-    start = time.perf_counter()
-    trainer.train()
-    total = time.perf_counter() - start
-    logs = [h for h in trainer.state.log_history if "step_time" in h]
-    logs = logs[1:] or logs  # the first step warms up
-    times = [h["step_time"] for h in logs]
-    lengths = [h.get("completions/mean_length", args.tokens) for h in logs]
-    rows = args.questions * args.group
-    step = statistics.mean(times)
-    return {
-        "steps": args.steps,
-        "seconds_total": total,
-        "seconds_per_step": step,
-        "completion_tokens_per_step": statistics.mean(lengths) * rows,
-        "completion_tokens_per_second": statistics.mean(lengths) * rows / step,
-        "peak_memory_gib": peak_gib(cuda),
-    }
 
 
 def run_rollouts(args: argparse.Namespace, tok: Any, device: str, dtype: Any) -> dict:

@@ -119,7 +119,7 @@ def compare(
     cases = [
         Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(max(1, flows // group))
     ]
-    context = Context(  # with the analysis call, as the recorded figures (before session 24)
+    context = Context(  # with the analysis call, as the recorded figures were taken
         max_turns=max_turns,
         planner_max_new_tokens=tokens,
         seed=0,

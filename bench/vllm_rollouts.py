@@ -87,7 +87,7 @@ def flows_arm(args: argparse.Namespace, tokenizer: Any) -> tuple[float, list[dic
         version=args.model,
     )
     cases = [Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], None) for i in range(args.flows)]
-    context = Context(  # with the analysis call, as the recorded figures (before session 24)
+    context = Context(  # with the analysis call, as the recorded figures were taken
         max_turns=args.max_turns,
         planner_temperature=args.temperature,
         planner_max_new_tokens=args.max_new_tokens,

@@ -48,4 +48,7 @@ def test_the_gpu_training_bench_runs_every_arm_on_cpu(tmp_path: Path) -> None:
     for arm in ("flow_grpo", "trl_grpo", "rollouts_batched_vs_sequential", "bf16_weights_move"):
         assert "error" not in report[arm] and report[arm]["arm_seconds"] > 0, report[arm]
     assert report["tokens_per_second_ratio_flow_over_stock"] > 0
+    # the stock arm generated from the flow's own first-turn planner prompts, not a shorter one
+    assert report["trl_grpo"]["prompts"] == "the flow's first-turn planner prompts"
+    assert report["trl_grpo"]["mean_prompt_tokens"] > 500
     assert done.stdout.strip().splitlines()[-1].startswith("wrote ")
