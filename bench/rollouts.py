@@ -2,8 +2,9 @@
 
 Run: `python bench/rollouts.py [--flows 16]`. Both arms use the same model (the embedded
 SmolLM2-135M default unless --planner names another), the same questions, seeds and token
-budgets, and the real flow with the default tools and AgentFlow's prompts (`AGENTFLOW_PROMPTS`,
-the planner's engine being the same model). The batched arm runs the flows on threads
+budgets (`--tokens` caps every call, the planner's and each engine role's), and the real flow
+with the default tools and AgentFlow's prompts (`AGENTFLOW_PROMPTS`, the planner's engine being
+the same model). The batched arm runs the flows on threads
 with `BatchingPolicy` under the planner and the engine; the sequential arm runs them in turn on
 the plain `HFPolicy`. Prints trajectories per second and their ratio (target: >= 3x on 2 CPU
 cores, >= 10x on a GPU) and writes bench/results/rollouts.json. On a shared machine, use
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -76,7 +78,10 @@ def run(
     concurrency: int,
     context: Context,
 ):
-    engine = HFChatModel(policy=policy, max_new_tokens=context.planner_max_new_tokens)
+    # every call's budget is the bench's: the engine roles' own (up to 1,024 tokens) would
+    # otherwise run a model that never ends its replies, a random one, to them
+    tokens = context.planner_max_new_tokens
+    engine = HFChatModel(policy=policy, max_new_tokens=tokens, fixed_max_new_tokens=tokens)
     graph = build_agentflow(policy, engine, default_tools(engine), prompts=AGENTFLOW_PROMPTS)
     start = time.perf_counter()
     trajectories = collect(
@@ -166,6 +171,15 @@ def compare(
             "outside_forward": 1 - (reading + decoding) / batched_seconds,
         },
         "planner_tokens_per_trajectory": sum(planner_tokens) / len(planner_tokens),
+        "engine_budgets_spent": sorted(  # the budgets engine calls ran to (each <= tokens)
+            {
+                int(spent)
+                for r in batched
+                for t in r.transitions
+                for note in t.get("notes") or []
+                for spent in re.findall(r"engine budget spent: (\d+) tokens", note)
+            }
+        ),
     }
 
 

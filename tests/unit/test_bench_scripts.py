@@ -49,6 +49,9 @@ def test_the_gpu_training_bench_runs_every_arm_on_cpu(tmp_path: Path) -> None:
         assert "error" not in report[arm] and report[arm]["arm_seconds"] > 0, report[arm]
     assert report["tokens_per_second_ratio_flow_over_stock"] > 0
     # the stock arm generated from the flow's own first-turn planner prompts, not a shorter one
+    # every engine call of the rollout bench ran to --rollout-tokens at most, not its role's budget
+    spent = report["rollouts_batched_vs_sequential"]["engine_budgets_spent"]
+    assert spent and max(spent) <= 8, spent
     assert report["trl_grpo"]["prompts"] == "the flow's first-turn planner prompts"
     assert report["trl_grpo"]["mean_prompt_tokens"] > 500
     assert done.stdout.strip().splitlines()[-1].startswith("wrote ")
