@@ -6,8 +6,9 @@ defaults (2 steps, the second measured; 128 tokens a call; 8 flows in the rollou
 takes about 4 minutes on one H200. The arms run in order of importance (Flow-GRPO step, TRL's
 step, the rollout bench, the bf16 check) and the JSON is rewritten as each arm ends, so a
 timeout keeps the figures of the arms that finished. Prompts: AgentFlow's
-(`AGENTFLOW_PROMPTS`); the stock arm's are the flow arm's first-turn planner prompts, token for
-token (each question's, decoded with their special tokens, as `rollout_speed.py`'s), or the
+(`AGENTFLOW_PROMPTS`); the stock arm's are the flow arm's first-turn planner prompts (each
+question's ids decoded with their special tokens, which TRL tokenizes again, as in
+`rollout_speed.py`; `mean_prompt_tokens` over every step), or the
 planner template with a one-line tool catalogue when the flow arm is skipped. A randomly
 initialised model of the Qwen2.5-0.5B configuration, loaded in bf16, is the planner; the fixed
 engine is scripted, so the measured time is the policy's. Both trainers get the same model
@@ -157,7 +158,7 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
     cuda = device == "cuda"
     policy = model(args.shape, tok, device, dtype).float()  # fp32 master weights, as the flow's
     prompts = getattr(args, "flow_prompts", [])
-    if prompts:  # the flow's own first-turn prompts, token for token (as rollout_speed.py's)
+    if prompts:  # the flow's own first-turn prompts, as rollout_speed.py's TRL arm takes them
         rows = [{"prompt": p} for p in prompts]
     else:  # the flow arm was skipped: the planner template with a short catalogue
         rows = [{"prompt": [{"role": "user", "content": template_prompt(args)}]}]

@@ -142,8 +142,6 @@ def model_location(
 def parameter_count(
     source: str | os.PathLike[str] | None,
     cache_dir: str | os.PathLike[str] | None = None,
-    *,
-    revision: str | None = None,
 ) -> int:
     """Count a model's parameters from its config alone, without loading its weights.
 
@@ -159,8 +157,6 @@ def parameter_count(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     location, kwargs = model_location(source, cache_dir)
-    if revision is not None:
-        kwargs["revision"] = revision
     try:
         config = AutoConfig.from_pretrained(location, **kwargs)
     except OSError as exc:
@@ -214,20 +210,23 @@ def load_model_and_tokenizer(
     location, kwargs = model_location(source, cache_dir)
     # the tokenizer comes from the same revision as the weights (TRL's `model_revision`)
     shared = {**kwargs, **({"revision": extra["revision"]} if "revision" in extra else {})}
+    # Hub kernels are chosen for the device the weights load on (transformers' `kernelize`),
+    # and a later `.to()` keeps them: load them on the GPU itself, as TRL's device_map does
+    placed = {"device_map": {"": chosen}} if extra.get("use_kernels") and chosen != "cpu" else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **shared)
         try:
             model: Any = AutoModelForCausalLM.from_pretrained(
-                location, dtype=torch_dtype, **kwargs, **extra
+                location, dtype=torch_dtype, **kwargs, **extra, **placed
             )
         except (ImportError, TypeError) as exc:
             if not extra:
                 raise
             named = text or "the default model"
             raise ValueError(
-                f"the model keywords {sorted(extra)} could not be applied to {named!r}: {exc}. "
-                "Check their spelling against transformers' from_pretrained, and that a named "
-                "kernel's package is installed"
+                f"loading {named!r} with the model keywords {sorted(extra)} failed: {exc}. If a "
+                "keyword is the cause, check its spelling against transformers' from_pretrained "
+                "and that a named kernel's package is installed"
             ) from exc
     except OSError as exc:
         raise ModelNotFoundError(

@@ -96,7 +96,7 @@ def resolve_source(
         refuse_parts_beside_source(
             args, reward_funcs=reward_funcs, train_dataset=train_dataset, **parts
         )
-        refuse_init_kwargs_beside_loaded(model, args)
+        refuse_init_kwargs_beside_loaded(model, args, by_name=False)
         return model, cast(GRPOConfig, args), source, None
     processing_class = trainer_kwargs.pop("processing_class", None)
     args, built = trl_shape(
@@ -106,17 +106,26 @@ def resolve_source(
     return built.model, args, built.source, built
 
 
-def refuse_init_kwargs_beside_loaded(model: Any, args: Any) -> None:
+def refuse_init_kwargs_beside_loaded(model: Any, args: Any, *, by_name: bool = True) -> None:
     """Refuse `args.model_init_kwargs` beside a model object (TRL would only log it ignores them).
+
+    `by_name`: whether this shape of the trainer could load the model by name instead (TRL's
+    shape can; `online` and `offline` take a loaded model only).
 
     Raises:
         ValueError: `model` is loaded already and `args.model_init_kwargs` is set.
 
     """
     if not isinstance(model, str) and getattr(args, "model_init_kwargs", None):
+        fix = (
+            "pass its name as model=, or load it with those keywords yourself"
+            if by_name
+            else "load it with those keywords yourself (from_pretrained(name, **keywords)) "
+            "and drop args.model_init_kwargs"
+        )
         raise ValueError(
             "args.model_init_kwargs apply when the trainer loads the model by name; this model "
-            "is loaded already: pass its name as model=, or load it with those keywords yourself"
+            f"is loaded already: {fix}"
         )
 
 

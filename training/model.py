@@ -255,9 +255,9 @@ def load_planner(
     lora = config.lora
     init, dtype = init_kwargs(config)
     if lora is None and not str(source).endswith(".gguf"):
-        lora = parameter_count(source, cache_dir, revision=init.get("revision")) > 1e9
+        lora = parameter_count(source, cache_dir) > 1e9
     if lora is not None:
-        check_kernel(init, lora, dtype)
+        check_kernel(init, lora, dtype, device)
     model, tokenizer = load_model_and_tokenizer(
         source,
         device=device,
@@ -267,7 +267,7 @@ def load_planner(
     )
     if lora is None:
         lora = model.num_parameters() > 1e9
-        check_kernel(init, lora, dtype)
+        check_kernel(init, lora, dtype, device)
         if lora and dtype is None:  # the base as for inference, unless a dtype was asked for
             model.to(pick_device_and_dtype(device, None)[1])
     return model, tokenizer, bool(lora)
@@ -283,13 +283,15 @@ def init_kwargs(config: Any) -> tuple[dict[str, Any], str | None]:
     """Return `config.model_init_kwargs` as the planner's `from_pretrained` keywords, and a dtype.
 
     TRL's convention: `{"attn_implementation": "sdpa", "dtype": "bfloat16"}`. The dtype (or
-    transformers' older `torch_dtype`) is the precision the weights load in; trainable weights
-    are still trained in fp32 (`upcast_trainable`). The device is flowlearn's to choose, so a
-    `device_map` or `quantization_config` of None (TRL's own defaults) is dropped.
+    transformers' older `torch_dtype`) is the precision the weights load in, one of TRL's
+    (bfloat16, float16, float32, auto); trainable weights are still trained in fp32
+    (`upcast_trainable`). The device is flowlearn's to choose, so a `device_map`,
+    `quantization_config` or dtype of None (TRL's own defaults) is dropped.
 
     Raises:
-        ValueError: a `device_map`, a `quantization_config`, `trust_remote_code`, `cache_dir`
-            or `gguf_file`, which flowlearn sets or cannot honour, an unknown dtype, or two.
+        ValueError: a `device_map`, a `quantization_config`, `trust_remote_code`, `cache_dir`,
+            `gguf_file` or `revision`, which flowlearn sets or cannot honour for every load of
+            the run, a dtype TRL does not take, or two dtypes.
 
     """
     given = config.model_init_kwargs or {}
@@ -298,7 +300,7 @@ def init_kwargs(config: Any) -> tuple[dict[str, Any], str | None]:
             f"model_init_kwargs must be a mapping of from_pretrained keywords, got {given!r}"
         )
     init = dict(given)
-    for key in ("device_map", "quantization_config"):
+    for key in ("device_map", "quantization_config", "dtype", "torch_dtype"):
         if key in init and init[key] is None:
             del init[key]
     if init.pop("trust_remote_code", False):
@@ -313,22 +315,38 @@ def init_kwargs(config: Any) -> tuple[dict[str, Any], str | None]:
             "model_init_kwargs.quantization_config is not supported yet: the planner loads in "
             "bf16 or fp32 (LoRA keeps one copy of the base for rollouts and training)"
         )
-    for key in sorted({"cache_dir", "gguf_file"} & set(init)):
+    if "gguf_file" in init:
         raise ValueError(
-            f"model_init_kwargs.{key}: the planner is the model named (a hub id, a folder or a "
-            "path ending in .gguf) and flowlearn keeps its own cache ($FLOWLEARN_CACHE, by default "
-            f"~/.cache/flowlearn); drop {key}"
+            "model_init_kwargs.gguf_file: the planner is the model named; name the .gguf file "
+            "itself as the model (a path ending in .gguf) and drop gguf_file"
         )
-    dtypes = {dtype_name(init.pop(k)) for k in ("dtype", "torch_dtype") if k in init}
-    if len(dtypes) > 1:
-        raise ValueError(f"model_init_kwargs names two dtypes {sorted(dtypes)}; give one")
-    dtype = next(iter(dtypes), None)
-    if dtype not in (None, "auto") and not isinstance(getattr(torch, dtype, None), torch.dtype):
+    if "cache_dir" in init:  # the engine's twin and a saved result's base load by name too
         raise ValueError(
-            f"model_init_kwargs.dtype {dtype!r} is not a torch dtype; use e.g. float32, "
-            "bfloat16, float16 or auto"
+            "model_init_kwargs.cache_dir: every load of the run (the planner, its untrained "
+            "twin as the engine, a saved result's base) reads Hugging Face's cache; set "
+            "$HF_HUB_CACHE (or $HF_HOME) instead, or name a local folder as the model"
+        )
+    if "revision" in init:  # the engine's twin and a saved result's base load by name too
+        raise ValueError(
+            "model_init_kwargs.revision: the untrained engine and a saved result's base load "
+            "the model by name at its default revision, so the run would mix revisions; "
+            "download that revision to a folder (`hf download NAME --revision R --local-dir "
+            "DIR`) and name the folder as the model"
+        )
+    named = {k: dtype_name(init.pop(k)) for k in ("dtype", "torch_dtype") if k in init}
+    if len(set(named.values())) > 1:
+        raise ValueError(f"model_init_kwargs names two dtypes {named}; give one")
+    key, dtype = next(iter(named.items()), ("dtype", None))
+    if dtype not in (None, *TRL_DTYPES):
+        raise ValueError(
+            f"model_init_kwargs.{key} {dtype!r} is not one the planner loads in; use "
+            f"{', '.join(TRL_DTYPES)} (TRL's)"
         )
     return init, dtype
+
+
+TRL_DTYPES = ("bfloat16", "float16", "float32", "auto")
+"""The dtypes TRL's `model_init_kwargs` take (`create_model_from_path`)."""
 
 
 def dtype_name(dtype: Any) -> str:
@@ -336,25 +354,38 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def check_kernel(init: Mapping[str, Any], lora: bool, dtype: str | None) -> None:
-    """Refuse a flash-attention kernel for a planner whose trained weights are fp32.
+def check_kernel(
+    init: Mapping[str, Any], lora: bool, dtype: str | None, device: str | None
+) -> None:
+    """Refuse a flash-attention kernel for a planner whose weights decode in fp32.
 
-    Full fine-tuning keeps the trainable weights in fp32 (`upcast_trainable`) and rollouts
+    Full fine-tuning keeps the trainable weights in fp32 (`upcast_trainable`), and a LoRA
+    planner's frozen base is fp32 when asked for (dtype float32) or on a CPU by default. Rollouts
     decode without autocast, so flash attention (fp16 and bf16 only) would fail at the first
-    rollout's forward.
+    rollout's forward. A dtype of auto (the checkpoint's) is left to the load.
 
     Raises:
-        ValueError: `attn_implementation` names a flash-attention kernel and the planner is
-            fully fine-tuned.
+        ValueError: `attn_implementation` names a flash-attention kernel and the planner's
+            weights would be fp32.
 
     """
     kernel = str(init.get("attn_implementation") or "")
-    if "flash" in kernel.lower() and not lora:
+    if "flash" not in kernel.lower():
+        return
+    if not lora:
         raise ValueError(
             f"model_init_kwargs.attn_implementation {kernel!r} runs in fp16 or bf16 only, and "
             f"a fully fine-tuned planner trains and samples with fp32 weights (dtype "
             f"{dtype or 'float32'} loads them, training upcasts them); use sdpa, or lora: true "
-            "(the frozen base stays in bf16)"
+            "(the frozen base loads in bf16 on a GPU)"
+        )
+    base = pick_device_and_dtype(device, dtype)[1]
+    if base == torch.float32:
+        where = "dtype float32" if dtype else "on a CPU, where it loads fp32 by default"
+        raise ValueError(
+            f"model_init_kwargs.attn_implementation {kernel!r} runs in fp16 or bf16 only, and "
+            f"the LoRA planner's frozen base would be fp32 ({where}); use sdpa, or dtype "
+            "bfloat16 on a GPU"
         )
 
 

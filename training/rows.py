@@ -382,7 +382,9 @@ class Truncation:
         """Whether the turn spent its recorded token budget unended, or runs past the length.
 
         A turn that ended on a stop string on its budget's last token counts as cut off: the
-        transition does not say why it ended.
+        transition does not say why it ended. A turn recorded without its budget (no
+        `sampling.max_new_tokens`, as in trajectories stored by older versions) is cut off only
+        past `max_completion_length`.
         """
         ids = transition.get("completion_ids") or []
         budget = (transition.get("sampling") or {}).get("max_new_tokens")

@@ -111,3 +111,27 @@ def test_local_models_load_the_names_given_not_the_environment(
     batched = load_local_models(str(tiny_model_dir), device="cpu", batch_size=4)
     assert isinstance(batched.planner, BatchingPolicy)
     assert batched.engine.policy is batched.planner and batched.planner.max_batch_size == 4
+
+
+def test_hub_kernels_load_on_the_gpu_they_run_on(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`use_kernels` picks kernels for the device the weights load on, and a later `.to()`
+    keeps them: on a GPU the weights load there (`device_map`), as TRL's do; on CPU as before."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    loaded.to = lambda *args, **kwargs: loaded  # this machine has no GPU to move to
+    seen: list[dict] = []
+
+    def from_pretrained(location: object, **kwargs: object) -> object:
+        seen.append(kwargs)
+        return loaded
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    kernels = {"use_kernels": True}
+    load_model_and_tokenizer(str(tiny_model_dir), device="cuda:0", model_kwargs=kernels)
+    load_model_and_tokenizer(str(tiny_model_dir), device="cpu", model_kwargs=kernels)
+    load_model_and_tokenizer(str(tiny_model_dir), device="cuda:0")
+    assert seen[0]["device_map"] == {"": "cuda:0"} and seen[0]["use_kernels"] is True
+    assert "device_map" not in seen[1] and "device_map" not in seen[2]

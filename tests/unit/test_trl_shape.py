@@ -19,7 +19,7 @@ import torch
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import SCORERS
 from flowlearn.training.config import FlowGRPOConfig
-from flowlearn.training.model import init_kwargs
+from flowlearn.training.model import check_kernel, init_kwargs
 from flowlearn.training.rewards import RewardFunctions, dataset_cases, reward_function
 from flowlearn.training.trainer import FlowGRPOTrainer, read_metrics
 from flowlearn.training.trajectories import Trajectory
@@ -276,13 +276,18 @@ def test_model_init_kwargs_load_the_planner_by_name_as_trl_does(
         ({"quantization_config": {"load_in_4bit": True}}, "quantization_config is not supported"),
         ({"trust_remote_code": True}, "trust_remote_code: not supported"),
         ({"dtype": "bfloat16", "torch_dtype": "float16"}, "names two dtypes"),
-        ({"dtype": "float8"}, "model_init_kwargs.dtype 'float8' is not a torch dtype"),
-        ({"cache_dir": "elsewhere"}, "model_init_kwargs.cache_dir: the planner is the model"),
+        ({"dtype": "float8"}, "model_init_kwargs.dtype 'float8' is not one the planner loads"),
+        # TRL's dtypes only, named by the key given
+        ({"torch_dtype": "int8"}, "model_init_kwargs.torch_dtype 'int8' is not one"),
+        # every load of the run would have to honour these, not the planner's alone
+        ({"cache_dir": "elsewhere"}, r"model_init_kwargs.cache_dir: every load .* \$HF_HUB_CACHE"),
+        ({"revision": "v1"}, "model_init_kwargs.revision: the untrained engine and a saved"),
+        ({"gguf_file": "m.gguf"}, "model_init_kwargs.gguf_file: the planner is the model named"),
         # full fine-tuning trains and samples fp32 weights, which flash attention cannot take
         ({"attn_implementation": "flash_attention_2"}, "runs in fp16 or bf16 only"),
         # a misspelt keyword reaches the model's constructor: a ValueError naming them, not a
         # TypeError from deep in transformers
-        ({"attn_implemntation": "eager"}, r"model keywords \['attn_implemntation'\] could not"),
+        ({"attn_implemntation": "eager"}, r"model keywords \['attn_implemntation'\] failed"),
     ],
 )
 def test_model_init_kwargs_flowlearn_cannot_honour_are_refused(
@@ -311,6 +316,34 @@ def test_model_init_kwargs_in_trls_other_spellings_mean_the_same() -> None:
     }
     config = types.SimpleNamespace(model_init_kwargs=given)
     assert init_kwargs(config) == ({"attn_implementation": "sdpa"}, "bfloat16")
+    # TRL's default dtype is None: the planner's own choice (fp32 to train, bf16 base on a GPU)
+    config = types.SimpleNamespace(model_init_kwargs={"dtype": None, "torch_dtype": None})
+    assert init_kwargs(config) == ({}, None)
+
+
+@pytest.mark.parametrize(
+    ("lora", "dtype", "device", "refused"),
+    [
+        (False, None, "cuda", "fully fine-tuned planner trains and samples with fp32"),
+        (False, "bfloat16", "cuda", "fully fine-tuned planner"),  # training upcasts them
+        (True, None, "cpu", r"frozen base would be fp32 \(on a CPU"),
+        (True, "float32", "cuda", r"frozen base would be fp32 \(dtype float32\)"),
+        (True, None, "cuda", None),  # a bf16 base on a GPU: the kernel's case
+        (True, "bfloat16", "cuda", None),
+        (True, "auto", "cuda", None),  # the checkpoint's dtype: left to the load
+    ],
+)
+def test_flash_attention_is_refused_wherever_the_planner_decodes_fp32_weights(
+    lora: bool, dtype: str | None, device: str, refused: str | None
+) -> None:
+    init = {"attn_implementation": "flash_attention_2"}
+    if refused is None:
+        check_kernel(init, lora, dtype, device)
+        check_kernel({"attn_implementation": "sdpa"}, lora, dtype, device)
+        return
+    with pytest.raises(ValueError, match=refused):
+        check_kernel(init, lora, dtype, device)
+    check_kernel({"attn_implementation": "sdpa"}, lora, dtype, device)  # any other kernel
 
 
 def test_model_init_kwargs_beside_a_loaded_model_are_refused(
@@ -326,8 +359,10 @@ def test_model_init_kwargs_beside_a_loaded_model_are_refused(
     with pytest.raises(ValueError, match="loads the model by name; this model is loaded"):
         FlowGRPOTrainer(model=model, reward_funcs="exact_match", args=args, train_dataset=dataset)
     # the flow's own shapes too: TRL would only log that it ignores them
-    with pytest.raises(ValueError, match="loads the model by name; this model is loaded"):
+    with pytest.raises(ValueError, match="loads the model by name; this model is loaded") as err:
         FlowGRPOTrainer.offline(model, args=args, trajectories=[])
+    assert "pass its name" not in str(err.value)  # offline and online take loaded models only
+    assert "drop args.model_init_kwargs" in str(err.value)
 
 
 def test_mask_truncated_completions_leaves_cut_off_turns_out_of_the_step(
