@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import rollouts
 import torch
 from gpu_checks import QWEN25_05B, TINY, model, peak_gib, reset_peak, tokenizer, weights_move
-from rollout_speed import Timer, scripted_engine
+from rollout_speed import Timer, first_planner_prompts, scripted_engine
 from trl import GRPOConfig, GRPOTrainer
 
 from flowlearn.evals.cases import Case
@@ -114,12 +114,7 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
     def keeping_prompts(step_cases: list[Case]) -> list[Any]:
         """The step's rollouts; each question's first planner prompt kept for the stock arm."""
         trajectories = rollouts_of(step_cases)
-        first: dict[str, list[int]] = {}
-        for trajectory in trajectories:
-            turn = next((t for t in trajectory.transitions if t["node"] == "planner"), None)
-            if turn is not None:
-                first.setdefault(trajectory.group_id, turn["prompt_ids"])
-        args.flow_prompts += [tok.decode(ids) for ids in first.values()]
+        args.flow_prompts += first_planner_prompts(trajectories, tok)
         return trajectories
 
     args.flow_prompts = []

@@ -152,6 +152,17 @@ def cases(count: int) -> list[Case]:
     ]
 
 
+def first_planner_prompts(trajectories: list[Any], tokenizer: Any) -> list[str]:
+    """Each question's first planner prompt as the flow rendered it (its token ids, decoded
+    with their special tokens): the prompts TRL's arm generates from."""
+    first: dict[str, list[int]] = {}
+    for trajectory in trajectories:
+        turn = next((t for t in trajectory.transitions if t["node"] == "planner"), None)
+        if turn is not None:
+            first.setdefault(trajectory.group_id, turn["prompt_ids"])
+    return [tokenizer.decode(ids) for ids in first.values()]
+
+
 class FlowArm:
     """The flow's rollouts: Q x G flows at once with the planner batched, one timed batch a call."""
 
@@ -173,11 +184,7 @@ class FlowArm:
         arm gets one. Returns each question's first planner prompt as the flow rendered it
         (its token ids, decoded with their special tokens): TRL's prompts."""
         _, trajectories = one_flow(self.args, self.policy, self.context, self.rows, warm=True)
-        first: dict[str, list[int]] = {}
-        for trajectory in trajectories:
-            turn = next(t for t in trajectory.transitions if t["node"] == "planner")
-            first.setdefault(trajectory.group_id, turn["prompt_ids"])
-        return [self.policy.tokenizer.decode(ids) for ids in first.values()]
+        return first_planner_prompts(trajectories, self.policy.tokenizer)
 
     def once(self) -> float:
         self.runs.append(one_flow(self.args, self.policy, self.context, self.rows))

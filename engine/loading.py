@@ -140,8 +140,7 @@ def model_location(
 
 
 def parameter_count(
-    source: str | os.PathLike[str] | None,
-    cache_dir: str | os.PathLike[str] | None = None,
+    source: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None
 ) -> int:
     """Count a model's parameters from its config alone, without loading its weights.
 
