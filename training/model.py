@@ -291,7 +291,8 @@ def init_kwargs(config: Any) -> tuple[dict[str, Any], str | None]:
     Raises:
         ValueError: a `device_map`, a `quantization_config`, `trust_remote_code`, `cache_dir`,
             `gguf_file` or `revision`, which flowlearn sets or cannot honour for every load of
-            the run, a dtype TRL does not take, or two dtypes.
+            the run; a `token` (it would be saved with the config); a dtype TRL does not take,
+            or two dtypes.
 
     """
     given = config.model_init_kwargs or {}
@@ -314,6 +315,12 @@ def init_kwargs(config: Any) -> tuple[dict[str, Any], str | None]:
         raise ValueError(
             "model_init_kwargs.quantization_config is not supported yet: the planner loads in "
             "bf16 or fp32 (LoRA keeps one copy of the base for rollouts and training)"
+        )
+    for key in sorted({"token", "use_auth_token"} & set(init)):  # a secret in a saved config
+        raise ValueError(
+            f"model_init_kwargs.{key}: the training config is saved with every checkpoint "
+            "(training_args.bin), so a token there would be written to disk; set $HF_TOKEN "
+            "(or run `hf auth login`) instead"
         )
     if "gguf_file" in init:
         raise ValueError(

@@ -283,6 +283,9 @@ def test_model_init_kwargs_load_the_planner_by_name_as_trl_does(
         ({"cache_dir": "elsewhere"}, r"model_init_kwargs.cache_dir: every load .* \$HF_HUB_CACHE"),
         ({"revision": "v1"}, "model_init_kwargs.revision: the untrained engine and a saved"),
         ({"gguf_file": "m.gguf"}, "model_init_kwargs.gguf_file: the planner is the model named"),
+        # a secret in the config would be saved with every checkpoint (training_args.bin)
+        ({"token": "hf_SECRETVALUE"}, r"model_init_kwargs.token: .* \$HF_TOKEN"),
+        ({"use_auth_token": "hf_SECRETVALUE"}, "model_init_kwargs.use_auth_token: the training"),
         # full fine-tuning trains and samples fp32 weights, which flash attention cannot take
         ({"attn_implementation": "flash_attention_2"}, "runs in fp16 or bf16 only"),
         # a misspelt keyword reaches the model's constructor: a ValueError naming them, not a
@@ -296,13 +299,16 @@ def test_model_init_kwargs_flowlearn_cannot_honour_are_refused(
     dataset = datasets.Dataset.from_list(
         [{"prompt": f"What is {i} + 1?", "solution": "1"} for i in range(2)]
     )
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as err:
         FlowGRPOTrainer(
             model=str(tiny_model_dir),
             reward_funcs="exact_match",
             args=flow_config(tmp_path / "out", model_init_kwargs=init),
             train_dataset=dataset,
         )
+    assert "SECRETVALUE" not in str(err.value)  # the error never echoes a token
+    written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert not any("SECRETVALUE" in p.read_text(errors="replace") for p in written), written
 
 
 def test_model_init_kwargs_in_trls_other_spellings_mean_the_same() -> None:
