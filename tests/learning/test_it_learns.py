@@ -11,9 +11,10 @@ on the output format with random tools and sub-goals of 0 to 5 filler words, so 
 chance and its completions vary in length.
 
 Held out: 40 questions that training never saw, sums of numbers from 60 to 99 (training adds
-2 to 59) and capitals of 5 countries in no training question (their passages are in the
-corpus). Measured greedy under the training's prompt (two turns): the share whose first tool
-is the right one (chance 0.5) and the success; success at one turn is printed.
+2 to 59) and capitals of 5 countries in no training question (their passages come first in the
+corpus, so training's searches list them, and every country's name is one token, as in a
+pretrained tokenizer). Measured greedy under the training's prompt (two turns): the share whose
+first tool is the right one (chance 0.5) and the success; success at one turn is printed.
 
 It trains for at most 60 steps and stops once, for three steps, the training reward has stayed
 at 0.95 or more and the rollouts averaged at most 1.12 turns. The sampling is not seeded, so
@@ -66,6 +67,15 @@ runs differ. What it took:
   near 0.6 for 17 steps, 0.94 at step 21, stopped at step 24 (2.8 minutes in all); mean turns
   1.5 -> 1.06; held-out 0.50 -> 1.00 at one and two turns, every first tool right. A
   clean-clone CI run of session 13's code then passed it in 110 s.
+- Two clean-clone CI runs of four (2026-12-06) stopped on the training reward with 13 of 20
+  held-out capitals sent to python first (right first tool 0.68); with 30 training countries
+  the same. The tokenizer was fitted on training prompts alone: every training country was one
+  token, each unseen one was split into letters (`K en y a`), as a sum's digits are, so
+  "short pieces -> python" fitted training as well as "capital -> local_search". Now every
+  country's name is one token (`CAPITALS` among the tokenizer's texts) and the held-out
+  countries' passages come first in the corpus, so searches in training list them after the
+  match (as in `test_roles_learn`). Five runs: stopped at steps 25, 28, 33, 24 and 32 (about
+  3 minutes each); held-out 0.50 -> 1.00 at one and two turns, every first tool right, in each.
 
 The first version (one turn, near-constant lengths, held-out capitals of training countries)
 learned in 13 to 22 steps with 8 rollouts per question; with 4, 2 runs of 6 collapsed to one
@@ -103,6 +113,7 @@ from flowlearn.nodes.smollm2 import SMOLLM2_PROMPTS
 from flowlearn.nodes.tools import local_search_tool, python_tool
 from flowlearn.training.trainer import FlowGRPOTrainer
 from learning.task import (
+    CAPITALS,
     HELD_OUT_COUNTRIES,
     HELD_OUT_NUMBERS,
     TRAIN_COUNTRIES,
@@ -203,7 +214,10 @@ def held_out_success(
 
 def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     engine = scripted_engine()
-    tools = [python_tool(), local_search_tool(write_corpus(tmp_path / "corpus.jsonl"))]
+    # The held-out countries' passages come first, so searches list them after the match: their
+    # names are in prompts training saw, though in no training question.
+    corpus = write_corpus(tmp_path / "corpus.jsonl", first=HELD_OUT_COUNTRIES)
+    tools = [python_tool(), local_search_tool(corpus)]
     train_cases = make_cases(64, 0, shuffle=False)
     held_out = make_cases(40, 1, countries=HELD_OUT_COUNTRIES, numbers=HELD_OUT_NUMBERS)
     assert not {c.query for c in train_cases} & {c.query for c in held_out}
@@ -218,6 +232,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
         recording.invoke({"question": case.query}, context=Context(max_turns=MAX_TURNS))
     texts = [m["content"] for messages in recorder.prompts for m in messages]
     texts += ["Tool Name:" + FORMAT.format(filler="", tool=t) for t in TOOLS] * 20
+    texts += list(CAPITALS)  # every country's name one token, as a pretrained tokenizer has it
     model, tokenizer = build_policy(tmp_path / "policy", texts, SEED)
     warm_up_format(model, tokenizer, recorder.prompts)
     # Saved and reloaded, so the trained model starts from the warmed-up weights on disk.
