@@ -2,7 +2,8 @@
 
 Run: `python bench/decode_step.py [--rows 16 --cached 450 --rounds 25]`. Both caches are filled by
 the same prompt read, then decode one step each in turn, round after round, so drift on a shared
-machine falls on both; prints the median and fastest step of each and their ratio.
+machine falls on both; prints the median and fastest step of each and their ratio, and writes
+them to bench/results/decode_step.json (`--out`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from transformers.cache_utils import DynamicCache
 
 from flowlearn.engine.kv_cache import appending_cache
 from flowlearn.engine.loading import load_model_and_tokenizer
+
+RESULTS = Path(__file__).parent / "results" / "decode_step.json"
 
 
 def main() -> None:
@@ -25,6 +29,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--cached", type=int, default=450, help="tokens already in the cache")
     parser.add_argument("--rounds", type=int, default=25, help="decoding steps of each cache")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON path (%(default)s)")
     args = parser.parse_args()
     model, _ = load_model_and_tokenizer(args.planner, device="cpu")
     torch.manual_seed(0)
@@ -46,6 +51,8 @@ def main() -> None:
                 model(input_ids=token, attention_mask=mask, position_ids=positions, cache=cache)
             times[name].append(time.perf_counter() - start)
     result = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "torch_threads": torch.get_num_threads(),
         "rows": args.rows,
         "cached_tokens": args.cached,
         **{
@@ -58,6 +65,9 @@ def main() -> None:
     }
     result["median_ratio"] = result["stock"]["median_ms"] / result["appending"]["median_ms"]
     print(json.dumps(result, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

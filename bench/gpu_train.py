@@ -18,8 +18,9 @@ JSON written to bench/results/gpu_train.json holds rollout and update seconds, c
 tokens per second and peak memory of each, and their ratios, for the per-device batch given
 (`--micro-batch N`: N rows a pass, the step's rollouts in rows / N micro-steps of one update;
 default: all of a step's rollouts in one micro-step). It also runs:
-- the rollout benchmark of `bench/rollouts.py` on the same model: 16 flows, batched
-  (`BatchingPolicy`, under planner and engine) vs one at a time;
+- the rollout benchmark of `bench/rollouts.py` on the same model: `--flows` flows (8), batched
+  (`BatchingPolicy`, under planner and engine) vs one at a time, every call capped at
+  `--rollout-tokens`;
 - the bf16 check of `bench/gpu_checks.py`: the fraction of weights changed after
   `--weight-steps` updates at lr 1e-6 in bf16 vs fp32, and how close the two updates are.
 """
