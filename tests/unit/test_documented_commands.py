@@ -1,4 +1,5 @@
-"""Every `flowlearn train` command the README and docs show parses into a valid config.
+"""Every `flowlearn` command the README and docs show parses: `train` into a valid config,
+`run`, `eval` and `collect` by the command line's own parser.
 
 A recipe a user copies must not be refused by the trainer's own checks (a 7B command whose
 rounds its passes did not cover was). `--config train.yaml` stands for a user's own file
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from flowlearn.cli import build_parser
 from flowlearn.training.config import parse_config
 
 ROOT = Path(__file__).parents[2]
@@ -23,8 +25,8 @@ USERS_CONFIG = "planner: Qwen/Qwen2.5-1.5B-Instruct\nbenchmark: gameof24\n"
 the pages that serve the planner on vLLM have it."""
 
 
-def train_commands(page: Path) -> list[str]:
-    """The arguments of each `flowlearn train` line in the page's shell blocks."""
+def commands(page: Path, subcommand: str) -> list[str]:
+    """The arguments of each `flowlearn SUBCOMMAND` line in the page's shell blocks."""
     commands: list[str] = []
     language: str | None = None
     block: list[str] = []
@@ -38,7 +40,7 @@ def train_commands(page: Path) -> list[str]:
             continue
         if language in SHELL:
             for command in "\n".join(block).replace("\\\n", " ").splitlines():
-                found = re.search(r"(?:^|\s)(?:-m )?flowlearn train\b(.*)", command)
+                found = re.search(rf"(?:^|\s)(?:-m )?flowlearn {subcommand}\b(.*)", command)
                 if found:
                     commands.append(found.group(1).split(" #")[0])
         language = None
@@ -48,12 +50,24 @@ def train_commands(page: Path) -> list[str]:
 COMMANDS = [
     pytest.param(arguments, id=f"{page.name}:{index}")
     for page in PAGES
-    for index, arguments in enumerate(train_commands(page))
+    for index, arguments in enumerate(commands(page, "train"))
+]
+OTHERS = [
+    pytest.param(subcommand, arguments, id=f"{page.name}:{subcommand}:{index}")
+    for page in PAGES
+    for subcommand in ("run", "eval", "collect")
+    for index, arguments in enumerate(commands(page, subcommand))
 ]
 
 
-def test_the_pages_show_train_commands() -> None:
+def test_the_pages_show_commands() -> None:
     assert len(COMMANDS) >= 8, [c.values for c in COMMANDS]
+    assert len(OTHERS) >= 10, [c.values for c in OTHERS]
+
+
+@pytest.mark.parametrize(("subcommand", "arguments"), OTHERS)
+def test_documented_command_parses(subcommand: str, arguments: str) -> None:
+    build_parser().parse_args([subcommand, *shlex.split(arguments)])
 
 
 @pytest.mark.parametrize("arguments", COMMANDS)
