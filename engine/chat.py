@@ -57,8 +57,10 @@ __all__ = [
     "HFChatModel",
     "ServerChatModel",
     "parse_tool_calls",
+    "read_tool_calls",
     "to_chat_dicts",
     "to_langchain",
+    "tool_call_chat",
 ]
 
 _CLASSES: dict[str, type[BaseMessage]] = {
@@ -170,6 +172,38 @@ def parse_tool_calls(
             calls.append({"name": name, "args": args, "id": f"call_{len(calls)}"})
         elif tool_choice in names and not calls:
             calls.append({"name": tool_choice, "args": value, "id": "call_0"})
+    return calls
+
+
+def tool_call_chat(
+    chat: Messages, tools: Sequence[dict[str, Any]], choice: str | None, *, prefill: bool = True
+) -> Messages:
+    """Return `chat` asking for a call of `tools` (OpenAI schemas) in the JSON convention.
+
+    The tools' instructions join the system message; for a forced `choice` the call's opening
+    is prefilled as the reply (`prefill`), so even a small model writes the arguments object.
+    """
+    chat = [dict(m) for m in chat]
+    if tools:
+        listing = "\n".join(json.dumps(t["function"]) for t in tools)
+        note = TOOL_CALL_INSTRUCTIONS.format(tools=listing)
+        if chat and chat[0]["role"] == "system":
+            chat[0] = {"role": "system", "content": f"{chat[0]['content']}\n\n{note}"}
+        else:
+            chat.insert(0, {"role": "system", "content": note})
+    forced = [t["function"] for t in tools if t["function"]["name"] == choice]
+    if forced and prefill:
+        chat.append({"role": "assistant", "content": call_prefix(forced[0])})
+    return chat
+
+
+def read_tool_calls(
+    prefill: str, completion: str, tools: Sequence[dict[str, Any]], choice: str | None
+) -> list[dict[str, Any]]:
+    """Read the calls of a reply that continued `prefill` (salvaging a forced call's)."""
+    calls = parse_tool_calls(prefill + completion, tools, choice) if tools else []
+    if not calls and prefill:
+        calls = salvage_forced_call(prefill, completion)
     return calls
 
 
@@ -310,22 +344,11 @@ class HFChatModel(BaseChatModel):
     def _prepare(
         self, messages: list[BaseMessage], kwargs: dict[str, Any]
     ) -> tuple[Messages, Sampling, list[dict[str, Any]], str | None]:
-        chat = to_chat_dicts(messages)
         tools: list[dict[str, Any]] = kwargs.get("tools") or []
         choice = kwargs.get("tool_choice")
         if isinstance(choice, dict):
             choice = choice.get("function", {}).get("name")
-        if tools:
-            listing = "\n".join(json.dumps(t["function"]) for t in tools)
-            note = TOOL_CALL_INSTRUCTIONS.format(tools=listing)
-            if chat and chat[0]["role"] == "system":
-                chat[0] = {"role": "system", "content": f"{chat[0]['content']}\n\n{note}"}
-            else:
-                chat.insert(0, {"role": "system", "content": note})
-        forced = [t["function"] for t in tools if t["function"]["name"] == choice]
-        if forced:
-            # Prefill the call's opening so even a small model writes the arguments object.
-            chat.append({"role": "assistant", "content": call_prefix(forced[0])})
+        chat = tool_call_chat(to_chat_dicts(messages), tools, choice)
         sampling = Sampling(
             temperature=kwargs.get("temperature", self.temperature),
             top_p=kwargs.get("top_p", self.top_p),
@@ -349,9 +372,7 @@ class HFChatModel(BaseChatModel):
         self._on_generation(run_manager, chat, gen)
         prefill = chat[-1]["content"] if chat[-1]["role"] == "assistant" else ""
         text = prefill + watch.cut(gen.text)
-        calls = parse_tool_calls(text, tools, choice) if tools else []
-        if not calls and prefill:
-            calls = salvage_forced_call(prefill, watch.cut(gen.text))
+        calls = read_tool_calls(prefill, watch.cut(gen.text), tools, choice)
         message = AIMessage(
             content="" if calls else text,
             tool_calls=calls,

@@ -53,6 +53,7 @@ def build_agentflow(
     retry_policy: RetryPolicy | None = ENGINE_RETRY,
     output_schema: type[Any] = State,
     verifier_policy: Policy | None = None,
+    executor_policy: Policy | None = None,
 ) -> CompiledStateGraph[State, Context, InputState, Any]:
     """Compile the four-agent AgentFlow graph.
 
@@ -74,6 +75,8 @@ def build_agentflow(
             turns, memory; no token ids), as the LangGraph server's graph uses.
         verifier_policy: A trained verifier (its own adapter, `engine.adapters.AdapterPolicy`):
             its calls go through this policy and record their tokens; None: the engine judges.
+        executor_policy: A trained executor (its own adapter): it writes each tool call
+            through this policy, recording its tokens; None: the engine writes them.
 
     Raises:
         ValueError: no tools, or two tools with the same name.
@@ -95,7 +98,8 @@ def build_agentflow(
         as_policy(planner_policy), tools, analysis_engine=engine, prompts=prompts, retry=retry
     )
     graph.add_node("planner", planner)
-    graph.add_node("executor", make_executor(engine, tools, prompts=prompts, retry=retry))
+    executor = make_executor(engine, tools, prompts=prompts, retry=retry, policy=executor_policy)
+    graph.add_node("executor", executor)
     verifier = make_verifier(engine, tools, prompts=prompts, retry=retry, policy=verifier_policy)
     graph.add_node("verifier", verifier)
     graph.add_node("generator", make_generator(engine, prompts=prompts, retry=retry))

@@ -1,8 +1,17 @@
-"""The executor: the fixed engine fills in the tool's arguments, then the tool runs."""
+"""The executor: the fixed engine fills in the tool's arguments, then the tool runs.
+
+A trained executor (`policy` given: its own LoRA adapter, `flowlearn.engine.adapters`) writes
+the call itself, in the local chat model's JSON tool-call convention (the same instructions and
+prefilled opening the engine is given, `engine.chat.tool_call_chat`), so its adapter starts
+from what the engine would write; the call's exact tokens are recorded and trained on. It
+samples at the run's planner temperature (training scores every trained node's tokens at TRL's
+one temperature), with its own top-p and token budget.
+"""
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
 import threading
 import time
@@ -13,14 +22,20 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage
 from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.types import RetryPolicy
 
-from flowlearn.engine.chat import to_langchain
+from flowlearn.engine.chat import read_tool_calls, to_langchain, tool_call_chat
+from flowlearn.engine.local import LocalPolicy
+from flowlearn.engine.protocol import Policy, continues_prefill
+from flowlearn.engine.sampling import Generation, Messages
+from flowlearn.engine.stops import RepetitionRule, StopWatch
 from flowlearn.nodes.catalogue import describe_tool, tool_arguments
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, MemoryView, Prompts
 from flowlearn.nodes.render import (
     bare_question,
     emit,
+    policy_transition,
     prompt_messages,
     summarize,
     transition,
@@ -28,7 +43,7 @@ from flowlearn.nodes.render import (
 )
 from flowlearn.nodes.retry import ENGINE_RETRY, engine_error, retrying
 from flowlearn.nodes.schema.context import Context
-from flowlearn.nodes.schema.records import ParseStatus, StepRecord
+from flowlearn.nodes.schema.records import ParseStatus, StepRecord, Transition
 from flowlearn.nodes.schema.state import State
 from flowlearn.nodes.tool_review import review
 from flowlearn.secrets import error_text, redact
@@ -203,19 +218,31 @@ def make_executor(
     *,
     prompts: Prompts = AGENTFLOW_PROMPTS,
     retry: RetryPolicy | None = ENGINE_RETRY,
+    policy: Policy | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
 ) -> Callable[..., dict[str, Any]]:
-    """Build the executor node over the fixed engine and the bound tools.
+    """Build the executor node over the fixed engine (or its own trained policy) and the tools.
 
     Args:
         engine: The fixed chat model that fills in each call's arguments.
         tools: The tools the planner may choose from.
         prompts: The executor's templates, worked calls and budget.
-        retry: How the engine's argument proposal is retried (None: never); tool calls are
-            never retried.
+        retry: How the argument proposal is retried (None: never); tool calls are never
+            retried.
+        policy: A trained executor's policy (token-faithful, e.g. an `AdapterPolicy`): it
+            writes each call and records its tokens; None: the engine writes them.
+        top_p: The trained executor's top-p; None: the run's planner top-p.
+        max_new_tokens: The trained executor's budget; None: the prompt set's executor budget.
 
     """
     by_name = {tool.name: tool for tool in tools}
     propose = retrying(propose_arguments, retry)
+    write = (
+        trained_proposal(policy, retry, top_p, max_new_tokens or prompts.budgets.executor)
+        if policy is not None
+        else None
+    )
 
     def executor(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 
@@ -241,11 +268,16 @@ def make_executor(
         )
         messages[1:1] = call_example_turns(tool, prompts)  # after the system prompt
         start = time.perf_counter()
-        try:
-            arguments, raw, status = propose(engine, tool, messages, prompts)
-        except Exception as exc:  # retries spent, or not worth one: recorded, the run goes on
-            arguments, status, raw = None, "error", engine_error(exc)
-        call_seconds = time.perf_counter() - start
+        if write is not None:  # a policy call that still fails raises: no tokens, no rollout
+            arguments, raw, status, made = write(tool, messages, context, question, plan["turn"])
+        else:
+            try:
+                arguments, raw, status = propose(engine, tool, messages, prompts)
+            except Exception as exc:  # retries spent, or not worth one: recorded, run goes on
+                arguments, status, raw = None, "error", engine_error(exc)
+            made = transition(
+                "executor", plan["turn"], messages, raw, status, time.perf_counter() - start
+            )
         record: StepRecord = {
             "turn": plan["turn"],
             "kind": "action",
@@ -273,14 +305,56 @@ def make_executor(
                 "summary": summarize(record["error"] or record["result"] or ""),
             },
         )
-        return {
-            "memory": [record],
-            "transitions": [
-                transition("executor", plan["turn"], messages, raw, status, call_seconds)
-            ],
-        }
+        return {"memory": [record], "transitions": [made]}
 
     return executor
+
+
+Proposal = Callable[
+    [BaseTool, Messages, Context, str, int],
+    tuple[dict[str, Any] | None, str, ParseStatus, Transition],
+]
+"""A trained executor's call: the tool, the executor's messages, the run's context, the question
+and the turn; the arguments read (None: none), the reply, its parse status and its transition."""
+
+
+def trained_proposal(
+    policy: Policy, retry: RetryPolicy | None, top_p: float | None, budget: int
+) -> Proposal:
+    """Return the trained executor's call: the policy writes the tool call, token-exact.
+
+    The chat is the engine's for a forced call (`tool_call_chat`); a policy that cannot
+    continue a reply gets no prefilled opening. A local policy stops once the call's JSON
+    closes (`StopWatch`), as the engine does; the recorded tokens are every token sampled.
+    """
+    generate = retrying(policy.generate, retry)
+    prefills = continues_prefill(policy)
+
+    def propose(
+        tool: BaseTool, messages: Messages, context: Context, question: str, turn: int
+    ) -> tuple[dict[str, Any] | None, str, ParseStatus, Transition]:
+        schema = convert_to_openai_tool(tool)
+        chat = tool_call_chat(messages, [schema], tool.name, prefill=prefills)
+        prefill = chat[-1]["content"] if chat[-1]["role"] == "assistant" else ""
+        sampling = dataclasses.replace(context.planner_sampling(), max_new_tokens=budget)
+        if top_p is not None:
+            sampling = dataclasses.replace(sampling, top_p=top_p)
+        watch: dict[str, Any] = {}
+        if isinstance(policy, LocalPolicy):
+            tokenizer = policy.handle.tokenizer
+
+            def decode(ids: list[int]) -> str:
+                return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+            watch["stopping"] = StopWatch(decode, (), RepetitionRule(), json_prefix=prefill)
+        gen: Generation = generate(chat, sampling.for_call(question, turn, "executor"), **watch)
+        calls = read_tool_calls(prefill, gen.text, [schema], tool.name)
+        arguments = next((dict(c["args"]) for c in calls if c["name"] == tool.name), None)
+        status: ParseStatus = "ok" if arguments is not None else "format_error"
+        raw = json.dumps(calls[0], default=str) if arguments is not None else prefill + gen.text
+        return arguments, raw, status, policy_transition("executor", turn, chat, gen, status)
+
+    return propose
 
 
 def executor_context(context: str, state: State, view: MemoryView) -> str:

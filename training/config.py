@@ -90,17 +90,18 @@ class FlowGRPOConfig(GRPOConfig):
     train_nodes: list[str] = field(
         default_factory=lambda: ["planner"],
         metadata={
-            "help": "Nodes whose policy calls are trained: planner, verifier, or a custom node "
-            "that calls the policy. More than the planner alone: one LoRA adapter per node on "
-            "one base model (lora on); the others run on the base with every adapter off."
+            "help": "Nodes whose policy calls are trained: planner, verifier, executor, or a "
+            "custom node that calls the policy. More than the planner alone: one LoRA adapter "
+            "per node on one base model (lora on); the others run on the base with every "
+            "adapter off."
         },
     )
     node_settings: dict[str, Any] | str | None = field(
         default=None,
         metadata={
             "help": "Per trained node, its own settings: learning_rate (any node), top_p and "
-            'max_new_tokens (the verifier), e.g. {"verifier": {"learning_rate": 1e-4}} (YAML '
-            "mapping or JSON); unset: the run's."
+            "max_new_tokens (the verifier and executor), e.g. "
+            '{"verifier": {"learning_rate": 1e-4}} (YAML mapping or JSON); unset: the run\'s.'
         },
     )
     node_weighting: Literal["node", "pooled"] = _help(

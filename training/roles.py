@@ -31,7 +31,7 @@ from flowlearn.training.rows import FlowGRPOBatch, Mode, build_flow_grpo_rows
 from flowlearn.training.trajectories import Trajectory
 
 NODE_WEIGHTINGS = ("node", "pooled")
-SAMPLING_NODES = ("verifier",)
+SAMPLING_NODES = ("verifier", "executor")
 """Nodes whose top-p and token budget `node_settings` may set: the planner's are TRL's own
 (`top_p`, `max_completion_length`), and a custom node samples as its own code says."""
 

@@ -361,7 +361,7 @@ def agentflow_factory(
     """Return a function from the live policy to the AgentFlow graph with `prompts`.
 
     Given a `NodePolicies` (several trained nodes), the planner plans with its node's policy
-    (the base's when untrained) and a trained verifier judges with its own.
+    (the base's when untrained), and a trained verifier or executor runs on its own.
     """
     bound = list(tools)
 
@@ -373,6 +373,7 @@ def agentflow_factory(
                 bound,
                 prompts=prompts,
                 verifier_policy=policy.trained.get("verifier"),
+                executor_policy=policy.trained.get("executor"),
             )
         return build_agentflow(policy, engine, bound, prompts=prompts)
 

@@ -115,7 +115,7 @@ def build_flow(
     nodes = loaded if isinstance(loaded, NodePolicies) else None
     planner: Policy = nodes.for_node("planner") if nodes is not None else cast(Policy, loaded)
     if nodes is not None:
-        unused = sorted(set(nodes) - {"planner", "verifier"})
+        unused = sorted(set(nodes) - {"planner", "verifier", "executor"})
         if unused:
             raise UsageError(
                 f"{spec.planner} holds adapters for {unused}, nodes the AgentFlow graph does "
@@ -129,6 +129,7 @@ def build_flow(
         checkpointer=checkpointer,
         output_schema=output_schema,
         verifier_policy=nodes.trained.get("verifier") if nodes is not None else None,
+        executor_policy=nodes.trained.get("executor") if nodes is not None else None,
     )
     names = sorted(context.tools or [tool.name for tool in tools])
     flow = Flow(graph, context, planner, engine, names, prompts, engine_note=why)

@@ -95,7 +95,7 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     return parts
 
 
-AGENTFLOW_TRAINABLE = ("planner", "verifier")
+AGENTFLOW_TRAINABLE = ("planner", "verifier", "executor")
 """The AgentFlow graph's nodes that can call a trained policy of their own."""
 
 
@@ -110,7 +110,7 @@ def check_trainable_nodes(nodes: list[str]) -> None:
     if other:
         raise UsageError(
             f"train_nodes {other}: the AgentFlow graph trains {list(AGENTFLOW_TRAINABLE)}; "
-            "the executor and generator run the fixed engine. To train another node, build "
+            "the generator runs the fixed engine. To train another node, build "
             "your own graph (FlowGRPOTrainer's graph_factory) whose node calls the policy"
         )
 

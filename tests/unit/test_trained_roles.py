@@ -277,36 +277,39 @@ def test_a_trained_verifier_rolls_out_with_its_own_adapter_and_learns(
     assert any(not torch.equal(start[k], after[k]) for k in start)
 
 
+@pytest.mark.parametrize("second", ["verifier", "executor"])
 def test_train_two_nodes_then_run_the_result(
-    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    second: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from flowlearn.cli import main
 
     out = tmp_path / "two"
+    nodes = ("planner", second)
+    settings = json.dumps({second: {"learning_rate": 0.01, "max_new_tokens": 8}})
     flags = [
         "--planner", str(tiny_model_dir), "--benchmark", "gameof24", "--limit", "2",
         "--num_generations", "2", "--questions-per-step", "1", "--max-turns", "2",
         "--max_completion_length", "8", "--engine-max-new-tokens", "8", "--max-steps", "2",
-        "--train_nodes", "planner,verifier", "--bf16", "false", "--output-dir", str(out),
-        "--node_settings", '{"verifier": {"learning_rate": 0.01, "max_new_tokens": 8}}',
+        "--train_nodes", ",".join(nodes), "--bf16", "false", "--output-dir", str(out),
+        "--node_settings", settings,
     ]  # fmt: skip
     assert main(["train", *flags]) == 0
     final = out / "final"
-    for node in NODES:
+    for node in nodes:
         assert (final / node / "adapter_config.json").is_file()
         assert (final / node / "adapter_model.safetensors").is_file()
     assert not (out / "final-adapter").exists() and not (final / "config.json").exists()
     record = json.loads((final / "flowlearn_adapters.json").read_text())
-    assert record == {"base": str(tiny_model_dir), "nodes": ["planner", "verifier"]}
+    assert record == {"base": str(tiny_model_dir), "nodes": list(nodes)}
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    for node in NODES:
+    for node in nodes:
         for key in ("mean_reward", "rows", "tokens", "format_error_rate"):
             assert f"flow/{node}/{key}" in last
     capsys.readouterr()
     question = ["run", "What is 2 + 2?", "--planner", str(final), "--max-turns", "2"]
     assert main([*question, "--max-new-tokens", "8", "--engine-max-new-tokens", "8"]) == 0
     printed = capsys.readouterr().out
-    assert "adapters: planner, verifier" in printed and "planner: final:planner" in printed
+    assert f"adapters: planner, {second}" in printed and "planner: final:planner" in printed
     assert f"engine: the one {final} was trained against" in printed
 
 
@@ -396,3 +399,76 @@ def test_a_loaded_result_of_several_nodes_decodes_every_node_and_the_engine_in_o
         assert have.completion_ids == expected.completion_ids
         assert have.policy_version == expected.policy_version
     assert len({tuple(g.completion_ids) for g in got}) > 1  # the adapters do differ
+
+
+def test_a_trained_executor_writes_its_calls_with_its_own_adapter_and_learns(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from langchain_core.tools import tool
+    from trainer_setup import CONTEXT, config
+
+    from fakes import FakeChatModel
+    from flowlearn.engine.adapters import NodePolicies
+    from flowlearn.engine.scripted import ScriptedPolicy, planner_turn
+    from flowlearn.evals.cases import Case
+    from flowlearn.evals.scorers import exact_match
+    from flowlearn.graphs import build_agentflow
+    from flowlearn.training import TrajectoryStore
+
+    queries: list[str] = []
+
+    @tool
+    def lookup(query: str) -> str:
+        """Look up a fact."""
+        queries.append(query)
+        return "paris" if len(query) % 2 else "rome"  # the written query decides the outcome
+
+    def respond(messages: Any, tools: list[dict[str, Any]]) -> Any:
+        assert not tools, "a trained executor's calls must not reach the engine"
+        found = "paris" if "paris" in str(messages[-1].content) else "rome"  # the tool's result
+        return f"Conclusion: STOP\n<answer>{found}</answer>"  # the verifier's and the answer
+
+    def factory(policies: NodePolicies) -> Any:
+        planner = ScriptedPolicy([planner_turn("lookup")])  # the planner is not trained here
+        engine = FakeChatModel(respond=respond)
+        return build_agentflow(planner, engine, [lookup], executor_policy=policies["executor"])
+
+    model = with_adapters(tiny_model_dir, ("executor",))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    store = TrajectoryStore(tmp_path / "rollouts.jsonl")
+    start = adapter_weights(model, "executor")
+    trainer = FlowGRPOTrainer.online(
+        model,
+        args=config(tmp_path, per_device_train_batch_size=8, num_generations=4),
+        graph_factory=factory,
+        scorer=lambda answer, case: exact_match(answer, case.reference),
+        cases=[Case(str(i), f"Capital {i}?", "paris") for i in range(4)],
+        context=CONTEXT,
+        processing_class=tokenizer,
+        rollout_store=store,
+        nodes=["executor"],
+    )
+    trainer.train()
+    rollouts = store.load()
+    calls = [t for r in rollouts for t in r.transitions if t["node"] == "executor"]
+    assert calls and all(t.get("completion_ids") for t in calls)
+    assert {t["policy_version"].rsplit(":", 1)[1] for t in calls} == {"executor"}
+    opening = '{"name": "lookup", "arguments": {"query": "'
+    for call in calls:  # the engine's forced-call chat: instructions, then the prefilled opening
+        assert "To call a tool, reply with only a JSON object" in call["messages"][0]["content"]
+        assert call["messages"][-1] == {"role": "assistant", "content": opening}
+        assert tokenizer.decode(call["prompt_ids"]).endswith(opening)
+    assert queries and {r.reward for r in rollouts} == {0.0, 1.0}  # the queries it wrote ran
+    logged = [h for h in trainer.state.log_history if "flow/executor/rows" in h]
+    assert logged and all(h["flow/executor/rows"] > 0 for h in logged)
+    after = adapter_weights(model, "executor")
+    assert any(not torch.equal(start[k], after[k]) for k in start)
+
+
+def test_the_agentflow_graph_trains_its_executor_but_not_its_generator() -> None:
+    from flowlearn.compose.training import check_trainable_nodes
+    from flowlearn.errors import UsageError
+
+    check_trainable_nodes(["planner", "verifier", "executor"])
+    with pytest.raises(UsageError, match=r"\['generator'\].*the generator runs the fixed engine"):
+        check_trainable_nodes(["planner", "generator"])
