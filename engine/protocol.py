@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from flowlearn.engine.sampling import Generation, Messages, Sampling
 
@@ -46,3 +46,34 @@ def continues_prefill(policy: object) -> bool:
 def can_choose(engine: object) -> bool:
     """Say whether `engine` can reply by choice (`ChoosingModel` that says it can)."""
     return isinstance(engine, ChoosingModel) and engine.can_choose()
+
+
+def local_tokenizer(policy: object) -> Any:
+    """Return the tokenizer of a policy on a local model's handle, or None (served, chat model).
+
+    An attribute lookup rather than `isinstance(policy, LocalPolicy)`: from Python 3.12 a
+    runtime Protocol is checked statically, so a wrapper whose `handle` property raises over a
+    served policy (`NodeSampling`) would pass as local and fail on its first call.
+    """
+    handle = getattr(policy, "handle", None)
+    return None if handle is None else handle.tokenizer
+
+
+def policy_tokenizer(policy: object) -> Any:
+    """Return the tokenizer a policy decodes with, or None (a chat model's policy, say).
+
+    A local policy's is its handle's, a served one's its own `tokenizer`; wrappers (`NodeSampling`
+    and the like) are looked through by their `wrapped`; attribute lookups, as in
+    `local_tokenizer`.
+    """
+    for _ in range(8):  # wrappers nest a few deep at most
+        if policy is None:
+            return None
+        handle = getattr(policy, "handle", None)
+        if handle is not None:
+            return handle.tokenizer
+        tokenizer = getattr(policy, "tokenizer", None)
+        if tokenizer is not None:
+            return tokenizer
+        policy = getattr(policy, "wrapped", None)
+    return None

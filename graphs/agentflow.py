@@ -42,6 +42,11 @@ def as_policy(planner: Policy | BaseChatModel) -> Policy:
     )
 
 
+TRAINABLE_NODES = ("planner", "verifier", "executor")
+"""The AgentFlow graph's nodes that can call a trained policy of their own (the generator and
+the query analysis run the fixed engine)."""
+
+
 def build_agentflow(
     planner_policy: Policy | BaseChatModel,
     engine: BaseChatModel,

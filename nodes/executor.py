@@ -26,9 +26,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.types import RetryPolicy
 
 from flowlearn.engine.chat import read_tool_calls, to_langchain, tool_call_chat
-from flowlearn.engine.local import LocalPolicy
-from flowlearn.engine.protocol import Policy, continues_prefill
-from flowlearn.engine.sampling import Generation, Messages
+from flowlearn.engine.protocol import Policy, continues_prefill, policy_tokenizer
+from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.engine.stops import RepetitionRule, StopWatch
 from flowlearn.nodes.catalogue import describe_tool, tool_arguments
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, MemoryView, Prompts
@@ -201,7 +200,7 @@ def run_tool(
         record["error"] = (
             raw
             if status == "error"
-            else f"the engine gave no usable arguments for {tool.name}: {raw[:200]!r}"
+            else f"the executor wrote no usable arguments for {tool.name}: {raw[:200]!r}"
         )
     else:
         try:
@@ -324,11 +323,25 @@ def trained_proposal(
     """Return the trained executor's call: the policy writes the tool call, token-exact.
 
     The chat is the engine's for a forced call (`tool_call_chat`); a policy that cannot
-    continue a reply gets no prefilled opening. A local policy stops once the call's JSON
-    closes (`StopWatch`), as the engine does; the recorded tokens are every token sampled.
+    continue a reply gets no prefilled opening. A policy with a tokenizer (local or served)
+    stops once the call's JSON closes (`StopWatch`, a fresh one per attempt), as the engine
+    does. A call the human reviews (`Context.approve_tools`) is sampled with a seed (the run's,
+    else 0), since the node runs again when the run resumes and must propose the call reviewed.
     """
-    generate = retrying(policy.generate, retry)
     prefills = continues_prefill(policy)
+    tokenizer = policy_tokenizer(policy)
+
+    def attempt(chat: Messages, sampling: Sampling, prefill: str) -> Generation:
+        if tokenizer is None:
+            return policy.generate(chat, sampling)
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+        watch = StopWatch(decode, (), RepetitionRule(), json_prefix=prefill)
+        return policy.generate(chat, sampling, stopping=watch)  # type: ignore[call-arg]
+
+    generate = retrying(attempt, retry)
 
     def propose(
         tool: BaseTool, messages: Messages, context: Context, question: str, turn: int
@@ -339,15 +352,9 @@ def trained_proposal(
         sampling = dataclasses.replace(context.planner_sampling(), max_new_tokens=budget)
         if top_p is not None:
             sampling = dataclasses.replace(sampling, top_p=top_p)
-        watch: dict[str, Any] = {}
-        if isinstance(policy, LocalPolicy):
-            tokenizer = policy.handle.tokenizer
-
-            def decode(ids: list[int]) -> str:
-                return str(tokenizer.decode(ids, skip_special_tokens=True))
-
-            watch["stopping"] = StopWatch(decode, (), RepetitionRule(), json_prefix=prefill)
-        gen: Generation = generate(chat, sampling.for_call(question, turn, "executor"), **watch)
+        if context.approve_tools and sampling.seed is None:
+            sampling = dataclasses.replace(sampling, seed=0)
+        gen = generate(chat, sampling.for_call(question, turn, "executor"), prefill)
         calls = read_tool_calls(prefill, gen.text, [schema], tool.name)
         arguments = next((dict(c["args"]) for c in calls if c["name"] == tool.name), None)
         status: ParseStatus = "ok" if arguments is not None else "format_error"

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.tools import BaseTool
 from langgraph.types import Overwrite, RetryPolicy
 
-from flowlearn.engine.local import LocalPolicy
-from flowlearn.engine.protocol import Policy, continues_prefill
+from flowlearn.engine.protocol import Policy, continues_prefill, local_tokenizer
 from flowlearn.engine.sampling import Generation, Sampling
 from flowlearn.engine.stops import RepetitionRule, StopWatch
 from flowlearn.nodes.catalogue import enabled_tools, render_catalogue
@@ -83,9 +82,9 @@ def plan_stop(policy: Policy, prefix: str | None = None) -> dict[str, Any]:
     degenerate repetition. Stopping changes no logit, so the logged logprobs stay those of the
     sampled tokens; server and chat-model policies end at their own EOS or budget.
     """
-    if not isinstance(policy, LocalPolicy):
+    tokenizer = local_tokenizer(policy)
+    if tokenizer is None:
         return {}
-    tokenizer = policy.handle.tokenizer
 
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=True))

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.tools import BaseTool
 from langgraph.types import RetryPolicy
 
-from flowlearn.engine.local import LocalPolicy
-from flowlearn.engine.protocol import Policy, can_choose, continues_prefill
+from flowlearn.engine.protocol import Policy, can_choose, continues_prefill, local_tokenizer
 from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.engine.stops import RepetitionRule, StopWatch, cut_at_stop
 from flowlearn.nodes.catalogue import enabled_tools, render_catalogue
@@ -72,21 +71,25 @@ PolicyAsk = Callable[[Messages, Sampling, str], Generation]
 def policy_ask(policy: Policy, retry: RetryPolicy | None) -> PolicyAsk:
     """Return the trained verifier's call: `policy.generate`, ended at a stop string if given.
 
-    A local policy stops decoding at the stop string (`StopWatch`); the text is cut there
-    either way, while the recorded tokens are every token sampled.
+    A local policy stops decoding at the stop string (`StopWatch`, a fresh one per attempt);
+    the text is cut there either way, while the recorded tokens are every token sampled.
     """
-    generate = retrying(policy.generate, retry)
+    tokenizer = local_tokenizer(policy)
+
+    def attempt(messages: Messages, sampling: Sampling, stop: str) -> Generation:
+        if not stop or tokenizer is None:
+            return policy.generate(messages, sampling)
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+        watch = StopWatch(decode, (stop,), RepetitionRule())
+        return policy.generate(messages, sampling, stopping=watch)  # type: ignore[call-arg]
+
+    generate = retrying(attempt, retry)
 
     def call(messages: Messages, sampling: Sampling, stop: str) -> Generation:
-        watch: dict[str, Any] = {}
-        if stop and isinstance(policy, LocalPolicy):
-            tokenizer = policy.handle.tokenizer
-
-            def decode(ids: list[int]) -> str:
-                return str(tokenizer.decode(ids, skip_special_tokens=True))
-
-            watch["stopping"] = StopWatch(decode, (stop,), RepetitionRule())
-        gen = generate(messages, sampling, **watch)
+        gen = generate(messages, sampling, stop)
         return dataclasses.replace(gen, text=cut_at_stop(gen.text, [stop] if stop else []))
 
     return call

@@ -31,6 +31,7 @@ from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import CaseScorer
 from flowlearn.evals.tasks import load_cases_and_scorer
 from flowlearn.graphs import InputState, State, build_agentflow
+from flowlearn.graphs.agentflow import TRAINABLE_NODES
 from flowlearn.nodes.prompts import (
     AGENTFLOW_PROMPTS,
     Prompts,
@@ -115,7 +116,7 @@ def build_flow(
     nodes = loaded if isinstance(loaded, NodePolicies) else None
     planner: Policy = nodes.for_node("planner") if nodes is not None else cast(Policy, loaded)
     if nodes is not None:
-        unused = sorted(set(nodes) - {"planner", "verifier", "executor"})
+        unused = sorted(set(nodes) - set(TRAINABLE_NODES))
         if unused:
             raise UsageError(
                 f"{spec.planner} holds adapters for {unused}, nodes the AgentFlow graph does "

@@ -18,6 +18,7 @@ from flowlearn.engine import (
     untrained_twin,
 )
 from flowlearn.errors import UsageError
+from flowlearn.graphs.agentflow import TRAINABLE_NODES
 from flowlearn.nodes.prompts import Prompts
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     return parts
 
 
-AGENTFLOW_TRAINABLE = ("planner", "verifier", "executor")
+AGENTFLOW_TRAINABLE = TRAINABLE_NODES
 """The AgentFlow graph's nodes that can call a trained policy of their own."""
 
 

@@ -191,3 +191,24 @@ def test_the_cli_plans_on_a_server(
     (run,) = [json.loads(line) for line in out.read_text().splitlines()]
     turns = [t for t in run["transitions"] if t["node"] == "planner"]
     assert turns and all(len(t["completion_ids"]) == len(t["logprobs"]) > 0 for t in turns)
+
+
+def test_a_served_policy_under_node_sampling_is_not_taken_for_a_local_one(
+    tiny_model_dir: Path,
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from flowlearn.engine.adapters import NodeSampling
+    from flowlearn.engine.local import HFPolicy
+    from flowlearn.engine.protocol import local_tokenizer, policy_tokenizer
+    from flowlearn.engine.server import ServerPolicy
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    served = NodeSampling(ServerPolicy("http://127.0.0.1:9/v1", "m", tokenizer=tokenizer))
+    with pytest.raises(AttributeError):  # what a static Protocol check (3.12) would not see
+        _ = served.handle
+    assert local_tokenizer(served) is None  # the planner and verifier send it no stop watch
+    assert policy_tokenizer(served) is tokenizer  # the trained executor's watch decodes with it
+    local = NodeSampling(HFPolicy(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer))
+    assert local_tokenizer(local) is tokenizer and policy_tokenizer(local) is tokenizer
+    assert local_tokenizer(FakeChatModel()) is None and policy_tokenizer(object()) is None

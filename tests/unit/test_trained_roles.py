@@ -423,8 +423,10 @@ def test_a_trained_executor_writes_its_calls_with_its_own_adapter_and_learns(
         queries.append(query)
         return "paris" if len(query) % 2 else "rome"  # the written query decides the outcome
 
+    engine_tools: list[Any] = []
+
     def respond(messages: Any, tools: list[dict[str, Any]]) -> Any:
-        assert not tools, "a trained executor's calls must not reach the engine"
+        engine_tools.extend(tools)  # a trained executor's calls must not reach the engine
         found = "paris" if "paris" in str(messages[-1].content) else "rome"  # the tool's result
         return f"Conclusion: STOP\n<answer>{found}</answer>"  # the verifier's and the answer
 
@@ -459,6 +461,9 @@ def test_a_trained_executor_writes_its_calls_with_its_own_adapter_and_learns(
         assert call["messages"][-1] == {"role": "assistant", "content": opening}
         assert tokenizer.decode(call["prompt_ids"]).endswith(opening)
     assert queries and {r.reward for r in rollouts} == {0.0, 1.0}  # the queries it wrote ran
+    assert not engine_tools and all(call["parse_status"] == "ok" for call in calls)
+    written = [m["arguments"]["query"] for r in rollouts for m in r.memory if m["kind"] == "action"]
+    assert sorted(written) == sorted(queries)  # what ran is what the adapter wrote
     logged = [h for h in trainer.state.log_history if "flow/executor/rows" in h]
     assert logged and all(h["flow/executor/rows"] > 0 for h in logged)
     after = adapter_weights(model, "executor")
@@ -472,3 +477,78 @@ def test_the_agentflow_graph_trains_its_executor_but_not_its_generator() -> None
     check_trainable_nodes(["planner", "verifier", "executor"])
     with pytest.raises(UsageError, match=r"\['generator'\].*the generator runs the fixed engine"):
         check_trainable_nodes(["planner", "generator"])
+
+
+class WritingPolicy:
+    """A trained executor's stand-in: writes `code` after the prefilled opening, records calls."""
+
+    continues_prefill = True
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+        self.tokenizer = AutoTokenizer  # any tokenizer-bearing policy gets a stop watch
+        self.calls: list[tuple[Any, Sampling, Any]] = []
+
+    def generate(self, messages: Any, sampling: Sampling, stopping: Any = None) -> Any:
+        from flowlearn.engine.sampling import Generation
+
+        self.calls.append((messages, sampling, stopping))
+        text = f'{self.code}"}}}}'
+        ids = list(range(len(text)))
+        return Generation(
+            text=text,
+            prompt_ids=[1, 2],
+            completion_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            policy_version="run:executor",
+        )
+
+
+@pytest.mark.parametrize("approve", [False, True])
+def test_the_agentflow_factory_gives_a_trained_executor_its_policy(approve: bool) -> None:
+    from langchain_core.tools import tool
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    from fakes import FakeChatModel
+    from flowlearn.engine.adapters import NodePolicies
+    from flowlearn.engine.scripted import ScriptedPolicy, planner_turn
+    from flowlearn.graphs import Context
+    from flowlearn.training.rollouts import agentflow_factory
+
+    ran: list[str] = []
+
+    @tool
+    def python(code: str) -> str:
+        """Run Python code."""
+        ran.append(code)
+        return "4"
+
+    engine_tools: list[Any] = []
+
+    def respond(messages: Any, tools: list[dict[str, Any]]) -> Any:
+        engine_tools.extend(tools)
+        return "Conclusion: STOP\n<answer>4</answer>"
+
+    writer = WritingPolicy("2 + 2")
+    policies = NodePolicies({"executor": writer}, ScriptedPolicy([planner_turn("python")]))
+    graph = agentflow_factory(FakeChatModel(respond=respond), [python])(policies)
+    if approve:  # the node runs again on resume: the reviewed call must be proposed again
+        graph = graph.builder.compile(checkpointer=InMemorySaver())
+    context = Context(max_turns=1, planner_temperature=0.7, approve_tools=approve)
+    config = {"configurable": {"thread_id": "t"}}
+    state = graph.invoke({"question": "What is 2 + 2?"}, config, context=context)
+    if approve:
+        state = graph.invoke(Command(resume=True), config, context=context)
+    assert ran == ["2 + 2"] and not engine_tools  # the policy wrote the call, not the engine
+    (made,) = [t for t in state["transitions"] if t["node"] == "executor"]
+    assert made["completion_ids"] and made["policy_version"] == "run:executor"
+    assert made["parse_status"] == "ok" and made["messages"][-1]["role"] == "assistant"
+    opening = '{"name": "python", "arguments": {"code": "'
+    for messages, sampling, stopping in writer.calls:
+        assert messages[-1]["content"] == opening
+        assert stopping is not None and stopping.json_prefix == opening  # ends at the close
+        assert sampling.temperature == 0.7
+    seeds = {sampling.seed for _, sampling, _ in writer.calls}
+    assert len(writer.calls) == (2 if approve else 1)
+    assert seeds == {None} if not approve else len(seeds) == 1 and None not in seeds
