@@ -62,18 +62,11 @@ def local_tokenizer(policy: object) -> Any:
 def policy_tokenizer(policy: object) -> Any:
     """Return the tokenizer a policy decodes with, or None (a chat model's policy, say).
 
-    A local policy's is its handle's, a served one's its own `tokenizer`; wrappers (`NodeSampling`
-    and the like) are looked through by their `wrapped`; attribute lookups, as in
-    `local_tokenizer`.
+    A local policy's is its handle's (`local_tokenizer`), a served one's its own `tokenizer`;
+    a wrapper (`NodeSampling` and the like) is looked through by its `wrapped`.
     """
-    for _ in range(8):  # wrappers nest a few deep at most
-        if policy is None:
-            return None
-        handle = getattr(policy, "handle", None)
-        if handle is not None:
-            return handle.tokenizer
+    tokenizer = local_tokenizer(policy)
+    if tokenizer is None:
         tokenizer = getattr(policy, "tokenizer", None)
-        if tokenizer is not None:
-            return tokenizer
-        policy = getattr(policy, "wrapped", None)
-    return None
+    inner = getattr(policy, "wrapped", None)
+    return tokenizer if tokenizer is not None or inner is None else policy_tokenizer(inner)

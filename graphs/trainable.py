@@ -42,6 +42,7 @@ from pydantic import Field
 from flowlearn.engine.adapters import NodePolicies
 from flowlearn.engine.chat import HFChatModel
 from flowlearn.engine.local import LocalPolicy
+from flowlearn.engine.protocol import local_tokenizer
 from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.nodes.render import policy_transition
 from flowlearn.nodes.schema.context import Context
@@ -183,7 +184,7 @@ class TrainableGraph:
         """
         nodes = self.policy if isinstance(self.policy, NodePolicies) else {}
         for name, policy in [("base", getattr(self.policy, "base", self.policy)), *nodes.items()]:
-            if not isinstance(policy, LocalPolicy):
+            if local_tokenizer(policy) is None:  # not a Protocol check: see local_tokenizer
                 raise ValueError(
                     f"your graph's chat model runs on a local model; the {name} policy is a "
                     f"{type(policy).__name__}: rollouts on a vLLM server (planner_url, use_vllm) "

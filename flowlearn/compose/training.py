@@ -96,10 +96,6 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     return parts
 
 
-AGENTFLOW_TRAINABLE = TRAINABLE_NODES
-"""The AgentFlow graph's nodes that can call a trained policy of their own."""
-
-
 def check_trainable_nodes(nodes: list[str]) -> None:
     """Refuse a trained node the AgentFlow graph cannot give a policy of its own.
 
@@ -107,10 +103,10 @@ def check_trainable_nodes(nodes: list[str]) -> None:
         UsageError: naming the node and the ones that can be trained.
 
     """
-    other = [n for n in nodes if n not in AGENTFLOW_TRAINABLE]
+    other = [n for n in nodes if n not in TRAINABLE_NODES]
     if other:
         raise UsageError(
-            f"train_nodes {other}: the AgentFlow graph trains {list(AGENTFLOW_TRAINABLE)}; "
+            f"train_nodes {other}: the AgentFlow graph trains {list(TRAINABLE_NODES)}; "
             "the generator runs the fixed engine. To train another node, build "
             "your own graph (FlowGRPOTrainer's graph_factory) whose node calls the policy"
         )
