@@ -1,4 +1,5 @@
-# Two commands on a fresh machine: `make demo` (the main job) and `make test`.
+# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the whole suite).
+# `make check` is the fast tier while working: lint and every test not marked `slow`.
 # Both create or reuse .venv/ and install everything they need; torch==2.13.0 goes in first so
 # nothing pulls a multi-GB CUDA build of torch on CPU machines.
 
@@ -8,7 +9,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 QUESTION ?= What is 17 * 23?
 
-.PHONY: install demo test lint typecheck imports links clean
+.PHONY: install demo test check bench lint typecheck imports links clean
 
 install: $(STAMP)
 
@@ -48,6 +49,25 @@ imports: links
 
 test: lint typecheck imports
 	$(PY) -m pytest -q
+
+# The fast tier: at most about 3 minutes on 2 CPU cores.
+check: lint
+	$(PY) -m pytest -q -m "not slow" --durations=10
+
+# Every published figure, rerun on this machine (CPU; about 45 minutes on 2 cores), one bench at a
+# time: each writes its file in bench/results/ (commit, command, machine, every repeat), then
+# bench/publish.py rewrites the figure tables of README.md and docs/performance.md from them.
+BENCHES := \
+	"rollouts.py" "rollouts.py --tiny" "rollout_speed.py" "rollout_speed.py --tiny" \
+	"update.py" "memory.py --arms model,stock,flow" "memory.py --micro 8,32" "decode_step.py" \
+	"adapter_batches.py" "batches.py" "overhead.py" "local_search.py" "retriever.py" "sandbox.py"
+
+bench: $(STAMP)
+	@for bench in $(BENCHES); do \
+		echo "== python bench/$$bench"; \
+		/usr/bin/time -f "   %e s, %M KB peak: bench/$$bench" $(PY) bench/$$bench || exit 1; \
+	done
+	$(PY) bench/publish.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

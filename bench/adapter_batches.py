@@ -7,31 +7,48 @@ flight (say 8 planner rows and 8 verifier rows), each step can run as
 - `grouped`: one forward per adapter on its own rows, the adapter switched between them
   (`engine.adapters.switch_adapter`), which is what `BatchingPolicy` per node does.
 Both arms decode the same prompts for the same number of steps from the same KV caches, on the
-same model; the arms alternate `--repeats` times. Prints each arm's seconds per decode step and
-`grouped_over_mixed_seconds=<ratio>` (below 1: grouping is faster). PEFT refuses
-`adapter_names` in training mode, so `mixed` could serve rollouts only.
+same model (each repeat prefills its caches afresh, untimed). After an untimed warm-up of each
+arm, the arms run `--repeats` times (3), their order reversed every other repeat. Prints each
+arm's median seconds per decode step and the median and min-max of the pair ratios grouped/mixed
+(one a repeat) as `grouped_over_mixed_seconds=<median> pairs=<n> range=<min>-<max>` (below 1:
+grouping is faster). PEFT refuses `adapter_names` in training mode, so `mixed` could serve
+rollouts only. Writes every repeat's seconds, the provenance (commit, command, machine, load) and
+the `headlines` to bench/results/adapter_batches.json (`--out`; with `--tiny`, only to `--out`).
 
 Run: `python bench/adapter_batches.py [--model default-base] [--rows 8] [--prompt 256]
-[--steps 32] [--repeats 3] [--device cpu]`; `--tiny` uses a tiny random model (a smoke run).
+[--steps 32] [--repeats 3] [--device cpu] [--out PATH]`; `--tiny` uses a tiny random model (a
+smoke run). About 1.5 min at the defaults on 2 CPU cores (estimated from the step times of
+the kept result).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))
+
 import torch
+from measure import (
+    RESULTS,
+    alternate,
+    check_repeats,
+    figure_line,
+    headline,
+    provenance,
+    ratios,
+    spread,
+    write_result,
+)
 from peft import LoraConfig
 
 from flowlearn.engine.adapters import switch_adapter
 from flowlearn.engine.loading import load_model_and_tokenizer
 from flowlearn.training.roles import with_node_adapters
 
-RESULTS = Path(__file__).parent / "results" / "adapter_batches.json"
 NODES = ("planner", "verifier")
 
 
@@ -81,50 +98,80 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default-base")
-    parser.add_argument("--rows", type=int, default=8, help="rows per node")
-    parser.add_argument("--prompt", type=int, default=256, help="prompt tokens")
-    parser.add_argument("--steps", type=int, default=32, help="decode steps timed")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=8, help="rows per node (8)")
+    parser.add_argument("--prompt", type=int, default=256, help="prompt tokens (256)")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps timed (32)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each arm (3)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random model (a smoke run)")
+    parser.add_argument(
+        "--out", type=Path, help="JSON path (bench/results/adapter_batches.json; --tiny: none)"
+    )
     args = parser.parse_args(argv)
+    check_repeats(args.repeats)
+    if not args.tiny:
+        args.out = args.out or RESULTS / "adapter_batches.json"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     torch.manual_seed(0)
     model = two_node_model(args.model, args.device, args.tiny)
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (2 * args.rows, args.prompt), device=args.device)
     per_row = [NODES[0]] * args.rows + [NODES[1]] * args.rows
-    times: dict[str, list[float]] = {"mixed": [], "grouped": []}
+
+    def mixed() -> float:
+        return decode(model, ids, args.steps, per_row)
+
+    def grouped() -> float:
+        seconds = 0.0
+        for k, node in enumerate(NODES):  # a batch per adapter, one after the other
+            switch_adapter(model, node)
+            seconds += decode(model, ids[k * args.rows : (k + 1) * args.rows], args.steps, None)
+        return seconds
+
+    def report(repeat: int, seconds: dict[str, float]) -> None:
+        print(
+            f"  repeat {repeat + 1}: "
+            + ", ".join(f"{k} {v * 1000:.1f} ms a step" for k, v in seconds.items())
+        )
+
+    print(f"2 x {args.rows} rows, {args.steps} steps, {args.repeats} repeats ...", flush=True)
     with torch.no_grad():
-        for _ in range(args.repeats):
-            times["mixed"].append(decode(model, ids, args.steps, per_row))
-            grouped = 0.0
-            for k, node in enumerate(NODES):  # a batch per adapter, one after the other
-                switch_adapter(model, node)
-                rows = ids[k * args.rows : (k + 1) * args.rows]
-                grouped += decode(model, rows, args.steps, None)
-            times["grouped"].append(grouped)
-    best = {arm: min(values) for arm, values in times.items()}
-    ratio = best["grouped"] / best["mixed"]
-    result = {
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()} "
-        f"{torch.get_num_threads()} threads, {args.device}",
+        times = alternate({"mixed": mixed, "grouped": grouped}, args.repeats, on_repeat=report)
+    ratio = ratios(times["grouped"], times["mixed"])
+    result: dict[str, Any] = provenance("adapter_batches.py", argv) | {
         "model": "tiny" if args.tiny else args.model,
+        "device": args.device,
         "rows_per_node": args.rows,
         "prompt_tokens": args.prompt,
         "decode_steps": args.steps,
-        "seconds_per_step": best,
+        "repeats": args.repeats,
+        "seconds_per_step": {arm: spread(values) for arm, values in times.items()},
         "grouped_over_mixed_seconds": ratio,
     }
-    if not args.tiny:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-    for arm, seconds in best.items():
-        print(f"{arm}: {seconds * 1000:.1f} ms a decode step (best of {args.repeats})")
-    print(f"grouped_over_mixed_seconds={ratio:.3f}")
+    result["headlines"] = [
+        headline(
+            "decode step, a batch per adapter over one mixed batch",
+            ratio,
+            "x",
+            f"a decode step of 2 x {args.rows} rows under two LoRA adapters: a forward per "
+            "adapter, switched between them, vs one forward with PEFT's per-row adapter_names",
+        )
+    ]
+    if args.out is not None:
+        write_result(args.out, result)
+    for arm, seconds in result["seconds_per_step"].items():
+        print(f"{arm}: {seconds['median'] * 1000:.1f} ms a decode step (median of {args.repeats})")
+    wrote = f"; wrote {args.out}" if args.out is not None else ""
+    print(figure_line("grouped_over_mixed_seconds", ratio) + wrote)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

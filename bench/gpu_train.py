@@ -216,7 +216,10 @@ def run_rollouts(args: argparse.Namespace, tok: Any, device: str, dtype: Any) ->
     from flowlearn.engine.local import HFPolicy
 
     policy = HFPolicy(model(args.shape, tok, device, dtype), tok, version="random-qwen2.5-0.5b")
-    return rollouts.compare(policy, args.flows, args.rollout_tokens)
+    settings = rollouts.parse(
+        ["--flows", str(args.flows), "--tokens", str(args.rollout_tokens), "--repeats", "3"]
+    )
+    return rollouts.compare(policy, settings)
 
 
 def save(result: dict[str, Any], target: Path, cuda: bool) -> None:

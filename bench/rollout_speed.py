@@ -20,23 +20,28 @@ decoded with their special tokens), under the AgentFlow prompt set (`AGENTFLOW_P
 3. The update: one offline Flow-GRPO update on the flow's median repeat (`--no-update` skips
    it).
 
-Each arm is timed `--repeats` times (tiny 5, cuda 3, cpu 1), the arms taking turns (flow,
-TRL, flow, TRL, ...: each arm on its own copy of the weights), so that a stretch when the
-machine is busier slows both arms rather than one; each reports its median repeat (the upper
-middle one for an even count), and every repeat's tokens/s is kept in run order, with each
-pair's ratio. The tiny arms take under a second each, where one stall of the machine moves a
-single measurement by a tenth; timed one after the other, a busy minute moved the tiny ratio
-from 1.07 to 0.78.
+Where the ratio comes from: the flow reads a prompt prefix shared by a group once, decodes
+continuously (a finished row leaves, a waiting call joins), and runs up to `--turns` planner
+turns where TRL runs one. Each has an arm of its own that turns it off (`--arms`, default all):
+`flow_no_prefix_sharing`, `flow_static_batch` and `flow_one_turn`, each reported as its own
+ratio over TRL, so the docs can say how much of the headline each source gives.
 
-Results go to bench/results/rollout_speed_<machine>[_tiny].json and a .txt of the report,
-rewritten as each arm ends (a timeout keeps what finished). The last line printed is
-`flow_over_trl_tokens_per_second=<ratio>`.
+After an untimed warm-up of every arm, the arms run `--repeats` times (tiny 5, cpu and cuda 3),
+taking turns (flow, TRL, the variants; the order reversed every other repeat; each arm on its
+own copy of the weights), so that a stretch when the machine is busier slows all arms rather
+than one. Every figure is the median of the pair ratios (an arm's tokens/s over TRL's in the
+same repeat) with their min-max range; every repeat's tokens/s is kept. The tiny arms take
+under a second each, where one stall of the machine moves a single measurement by a tenth.
+
+Results go to bench/results/rollout_speed_<machine>[_tiny].json and a .txt of the report, with
+the commit, command line and machine (cores, load average at the start), rewritten as each arm
+ends (a timeout keeps what finished). The last line printed is
+`flow_over_trl_tokens_per_second=<median> pairs=<n> range=<min>-<max>`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import signal
@@ -50,6 +55,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
 from gpu_checks import QWEN25_05B, TINY, model, tokenizer
+from measure import (
+    MIN_REPEATS,
+    RESULTS,
+    Report,
+    alternate,
+    figure_line,
+    on_own_thread,
+    provenance,
+    ratios,
+    spread,
+)
 
 from flowlearn.engine.batching import BatchingPolicy
 from flowlearn.engine.loading import load_model_and_tokenizer
@@ -62,33 +78,11 @@ from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS
 from flowlearn.nodes.tools import python_tool
 from flowlearn.training import collect
 
-RESULTS = Path(__file__).parent / "results"
-DEFAULTS = {  # questions, group, tokens, turns, repeats: sized for about 15, 1 and 5 minutes
-    "cpu": (2, 8, 64, 2, 1),
+DEFAULTS = {  # questions, group, tokens, turns, repeats
+    "cpu": (2, 8, 64, 2, 3),
     "tiny": (4, 8, 64, 2, 5),
     "cuda": (4, 8, 256, 2, 3),
 }
-
-
-class Report:
-    """The figures and printed lines so far, rewritten to JSON and .txt at every `save`."""
-
-    def __init__(self, out: Path) -> None:
-        self.out, self.data, self.lines = out, {}, []
-
-    def say(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.lines.append(line)
-
-    def save(self) -> None:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        for path, text in (
-            (self.out, json.dumps(self.data, indent=2, default=str) + "\n"),
-            (self.out.with_suffix(".txt"), "\n".join(self.lines) + "\n"),
-        ):
-            partial = path.with_suffix(path.suffix + ".partial")
-            partial.write_text(text)
-            partial.replace(path)
 
 
 class Timer:
@@ -163,14 +157,29 @@ def first_planner_prompts(trajectories: list[Any], tokenizer: Any) -> list[str]:
     return [tokenizer.decode(ids) for ids in first.values()]
 
 
+VARIANTS = {  # the flow's arms: what each turns off of the default flow
+    "flow": {},
+    "flow_no_prefix_sharing": {"min_shared_prefix": sys.maxsize},
+    "flow_static_batch": {"continuous": False},
+    "flow_one_turn": {"turns": 1},
+}
+"""`flow` is the flow as training runs it. `flow_no_prefix_sharing` reads every row's prompt
+whole, as TRL does (no group prefix read once). `flow_static_batch` decodes a static batch, as
+`generate` does (no call joins a running batch). `flow_one_turn` stops each rollout after the
+planner's first turn, TRL's one generation a prompt."""
+
+
 class FlowArm:
     """The flow's rollouts: Q x G flows at once with the planner batched, one timed batch a call."""
 
-    def __init__(self, args: argparse.Namespace, policy: HFPolicy) -> None:
-        self.args, self.policy, self.runs = args, policy, []
+    def __init__(self, args: argparse.Namespace, policy: HFPolicy, variant: str = "flow") -> None:
+        self.args, self.policy, self.runs, self.variant = args, policy, [], variant
+        settings = dict(VARIANTS[variant])
+        turns = settings.pop("turns", args.turns)
+        self.batching = settings  # BatchingPolicy's fields for this arm
         self.rows = args.concurrency or args.questions * args.group
         self.context = Context(
-            max_turns=args.turns,
+            max_turns=turns,
             planner_temperature=1.0,
             planner_top_p=1.0,
             planner_max_new_tokens=args.tokens,
@@ -183,11 +192,13 @@ class FlowArm:
         """One untimed batch (first forwards, imports, the graph's first-run work), as TRL's
         arm gets one. Returns each question's first planner prompt as the flow rendered it
         (its token ids, decoded with their special tokens): TRL's prompts."""
-        _, trajectories = one_flow(self.args, self.policy, self.context, self.rows, warm=True)
+        _, trajectories = one_flow(
+            self.args, self.policy, self.context, self.rows, self.batching, warm=True
+        )
         return first_planner_prompts(trajectories, self.policy.tokenizer)
 
     def once(self) -> float:
-        self.runs.append(one_flow(self.args, self.policy, self.context, self.rows))
+        self.runs.append(one_flow(self.args, self.policy, self.context, self.rows, self.batching))
         return float(self.runs[-1][0]["completion_tokens_per_second"])
 
     def result(self) -> tuple[dict, list]:
@@ -200,33 +211,6 @@ class FlowArm:
         return figures, trajectories
 
 
-def on_own_thread(work: Any) -> Any:
-    """`work()` on a fresh thread that ends with it; its result, or its exception raised here.
-
-    The flow decodes on its batcher's worker thread. A process whose main thread has run a
-    parallel torch op on CPU keeps a second OpenMP thread pool alive (one per thread that ever
-    led a parallel region); with more pooled threads than cores, libgomp throttles its
-    spin-wait, and the flow's tiny-model forwards then ran 25% slower for the rest of the
-    process (5,100 against 3,800 tokens/s, after one 512 x 512 matmul on the main thread). So
-    TRL's arm runs its model work on a thread of its own too, which takes its pool with it when
-    it ends: neither arm slows the other, and both decode as they would alone.
-    """
-    done: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            done["value"] = work()
-        except BaseException as exc:
-            done["error"] = exc
-
-    thread = threading.Thread(target=run, name="trl-arm")
-    thread.start()
-    thread.join()
-    if "error" in done:
-        raise done["error"]
-    return done.get("value")
-
-
 def middle(runs: list[Any], key: Any) -> Any:
     """The median repeat by `key` (the upper of the two middle ones for an even count)."""
     return sorted(runs, key=key)[len(runs) // 2]
@@ -237,10 +221,11 @@ def one_flow(
     policy: HFPolicy,
     context: Context,
     rows: int,
+    batching: dict[str, Any],
     warm: bool = False,
 ) -> tuple[dict, list]:
     """One timed batch of Q x G rollouts on a fresh batcher (no progress bar when `warm`)."""
-    batched = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait)
+    batched = BatchingPolicy(policy, max_batch_size=rows, max_wait_s=args.max_wait, **batching)
     batched.stats.sync = args.device == "cuda"  # forwards timed whole (the picks sync anyway)
     engine_time, tool_time = Timer(), Timer()
     graph = build_agentflow(
@@ -463,8 +448,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeats",
         type=int,
-        help="timed batches per arm after its warm-up; the median's figures are reported "
-        "(tiny and cuda 3: sub-second and few-second arms; cpu 1)",
+        help="timed batches per arm after its warm-up, the arms alternating; the median pair "
+        "ratio and its range are reported (tiny 5, cpu and cuda 3)",
+    )
+    parser.add_argument(
+        "--arms",
+        default=",".join(VARIANTS),
+        help=f"the flow's arms, comma-separated, `flow` first (default: all, {','.join(VARIANTS)})",
     )
     parser.add_argument("--no-update", action="store_true", help="skip the update's timing")
     parser.add_argument("--out", type=Path, help="JSON path (bench/results/rollout_speed_...)")
@@ -481,6 +471,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, value)
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
+    if args.repeats < MIN_REPEATS:
+        parser.error(f"--repeats must be >= {MIN_REPEATS}: a figure is a median with its range")
+    args.arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    unknown = sorted(set(args.arms) - set(VARIANTS))
+    if unknown or not args.arms or args.arms[0] != "flow" or len(set(args.arms)) < len(args.arms):
+        parser.error(
+            f"--arms {','.join(args.arms)}: name each of {', '.join(VARIANTS)} at most once, "
+            "`flow` first" + (f" ({', '.join(unknown)} unknown)" if unknown else "")
+        )
     if args.tiny:
         args.device, args.machine, args.model_name = "cpu", "cpu", "tiny-qwen2-random"
     elif args.device == "cuda":
@@ -499,16 +498,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # `timeout`: keep what finished
     report = Report(args.out)
-    report.data = {
-        "command": " ".join(["python", "bench/rollout_speed.py", *sys.argv[1:]]),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": args.machine,
+    report.data = provenance("rollout_speed.py", argv) | {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "torch_threads": torch.get_num_threads(),
         "model": args.model_name,
         "prompt_set": args.prompts.name,
         "settings": {
-            k: vars(args)[k] for k in ("questions", "group", "tokens", "turns", "repeats", "attn")
+            k: vars(args)[k]
+            for k in ("questions", "group", "tokens", "turns", "repeats", "attn", "arms")
         }
         | {
             "max_wait_s": args.max_wait,
@@ -519,31 +515,45 @@ def main(argv: list[str] | None = None) -> int:
     report.say(f"rollout speed on {report.data['device']}, {args.model_name}: {report.data}")
     report.save()
     try:
-        flow_arm = FlowArm(args, load(args))
-        prompts = flow_arm.warm_up()
+        flow_policy = load(args)
+        flows = {variant: FlowArm(args, flow_policy, variant) for variant in args.arms}
+        prompts = flows["flow"].warm_up()
+        for variant, arm in flows.items():
+            if variant != "flow":
+                arm.warm_up()
         trl_policy = load(args)  # its own copy of the same weights
         report.data["settings"]["attn_used"] = sorted(  # what each arm's model runs, as loaded
-            {p.handle.model.config._attn_implementation for p in (flow_arm.policy, trl_policy)}
+            {p.handle.model.config._attn_implementation for p in (flow_policy, trl_policy)}
         )
         trl_arm = on_own_thread(lambda: TRLArm(args, trl_policy, prompts))
         trl_arm.warm_up()
         report.say(
-            f"{args.repeats} time(s) each, taking turns: the flow's {args.questions * args.group}"
-            f" rollouts ({flow_arm.rows} at once, up to {args.turns} planner turns each), then "
-            f"TRL's GRPOTrainer._generate on {len(prompts)} prompts x {args.group} ..."
+            f"{args.repeats} time(s) each, taking turns (the order reversed every other "
+            f"repeat): the flow's {args.questions * args.group} rollouts ({flows['flow'].rows} at"
+            f" once, up to {args.turns} planner turns each) as {', '.join(flows)}, and TRL's "
+            f"GRPOTrainer._generate on {len(prompts)} prompts x {args.group} ..."
         )
-        pairs = []
-        for repeat in range(args.repeats):
-            flow_speed, trl_speed = flow_arm.once(), trl_arm.once()
-            pairs.append(flow_speed / trl_speed)
+        timed = {"flow": flows["flow"].once, "trl": trl_arm.once}
+        timed |= {variant: arm.once for variant, arm in flows.items() if variant != "flow"}
+
+        def said(repeat: int, speeds: dict[str, float]) -> None:
             report.say(
-                f"  repeat {repeat + 1}: flow {flow_speed:.1f}, trl {trl_speed:.1f} tokens/s "
-                f"({pairs[-1]:.3f})"
+                f"  repeat {repeat + 1}: "
+                + ", ".join(f"{name} {speed:.1f}" for name, speed in speeds.items())
+                + f" tokens/s (flow/trl {speeds['flow'] / speeds['trl']:.3f})"
             )
-        flow, trajectories = flow_arm.result()
+
+        speeds = alternate(timed, args.repeats, warm_up=False, on_repeat=said)
+        over_trl = {variant: ratios(speeds[variant], speeds["trl"]) for variant in flows}
+        flow, trajectories = flows["flow"].result()
         trl = trl_arm.result()
         report.data["flow"], report.data["trl"] = flow, trl
-        report.data["repeat_ratios"] = pairs
+        report.data["tokens_per_second"] = {name: spread(v) for name, v in speeds.items()}
+        report.data["over_trl"] = over_trl
+        report.data["variants"] = {
+            variant: arm.result()[0] for variant, arm in flows.items() if variant != "flow"
+        }
+        report.data["repeat_ratios"] = over_trl["flow"]["values"]
         report.say(
             f"flow: {flow['completion_tokens']} planner tokens in {flow['seconds']:.1f} s: "
             f"{flow['completion_tokens_per_second']:.1f} tokens/s (median repeat)"
@@ -554,20 +564,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{trl['mean_prompt_tokens']:.0f} tokens; the flow's first turns "
             f"{flow['mean_prompt_tokens']:.0f} on average over all turns)"
         )
+        for variant, summary in over_trl.items():
+            report.say(figure_line(f"{variant}_over_trl_tokens_per_second", summary))
         report.save()
         del trl_arm
         update = None
         if not args.no_update:
             report.say("update: one offline Flow-GRPO step on the rollouts ...")
-            update = run_update(args, flow_arm.policy, flow_arm.context, trajectories)
+            update = run_update(args, flow_policy, flows["flow"].context, trajectories)
             report.data["update"] = update
             report.say(f"update: {update['seconds']:.2f} s")
             report.save()
-        ratio = flow["completion_tokens_per_second"] / trl["completion_tokens_per_second"]
-        report.data["flow_over_trl_tokens_per_second"] = ratio
+        report.data["flow_over_trl_tokens_per_second"] = over_trl["flow"]["median"]
         for line in breakdown(flow, update):
             report.say(line)
-        report.say(f"flow_over_trl_tokens_per_second={ratio:.3f}")
+        report.say(figure_line("flow_over_trl_tokens_per_second", over_trl["flow"]))
     except BaseException as exc:
         report.data["error"] = f"{type(exc).__name__}: {exc}"
         report.say(f"stopped: {report.data['error']}; figures so far in {args.out}")

@@ -1,26 +1,53 @@
 """Rollout throughput: N concurrent flows with batched decoding vs the same flows one at a time.
 
-Run: `python bench/rollouts.py [--flows 16]`. Both arms use the same model (the embedded
-SmolLM2-135M default unless --planner names another), the same questions, seeds and token
-budgets (`--tokens` caps every call, the planner's and each engine role's), and the real flow
-with the default tools and AgentFlow's prompts (`AGENTFLOW_PROMPTS`, the planner's engine being
-the same model). The batched arm runs the flows on threads
-with `BatchingPolicy` under the planner and the engine; the sequential arm runs them in turn on
-the plain `HFPolicy`. Prints trajectories per second and their ratio (target: >= 3x on 2 CPU
-cores, >= 10x on a GPU) and writes bench/results/rollouts.json. On a shared machine, use
-`--repeats 2` or more: the pair runs again with the arms' order swapped.
+Run: `python bench/rollouts.py [--flows 8] [--repeats 3]`, or `--tiny` (a tiny random Qwen2 built
+locally: the model's compute is almost free, so the host's cost shows). Every arm runs the real
+flow (AgentFlow's prompts, the default tools, the planner's engine the same model) on the same
+questions, 4 rollouts each, seeded alike (rollout k of a group draws with seed k), with the
+planner sampled at the training temperature (0.7, `--temperature`) and every call capped at
+`--tokens` new tokens, the planner's and each engine role's. The arms:
+
+- `sequential`: the flows one at a time on the plain `HFPolicy`;
+- `batched`: the flows on threads, all in flight, their calls decoded together by
+  `BatchingPolicy` with sharing of identical greedy calls OFF, so both headline arms decode
+  every call (the count of shared calls in them is printed, and is 0);
+- `batched_sharing`: as `batched`, with identical greedy calls in flight decoded once and shared
+  (`share_greedy_calls=True`, the training default). The group's rollouts ask the greedy engine
+  the same query analysis at once, so some calls are shared even when the planner samples.
+  Compared with `batched`, not with `sequential`: it is what sharing saves, with its count.
+
+Each arm counts its calls and their completion tokens as the callers got them, so a reader sees
+that the headline arms decoded the same work (with no call shared, every token delivered was
+decoded); forward hooks on the model count the rows of one-token forwards beside it.
+
+After an untimed warm-up of each arm on one question, the arms run `--repeats` times (3), the
+order reversed every other repeat; the figures are the median pair ratios with their min-max
+range. Writes bench/results/rollouts[_tiny].json; the last line printed is
+`batched_over_sequential=<median> shared_calls=<shared calls in the headline arms>`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
+import sys
 import time
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
+from measure import (
+    RESULTS,
+    alternate,
+    check_repeats,
+    figure_line,
+    provenance,
+    ratios,
+    spread,
+    write_result,
+)
 
 from flowlearn.engine.batching import BatchingPolicy
 from flowlearn.engine.chat import HFChatModel
@@ -32,19 +59,20 @@ from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS
 from flowlearn.nodes.tools import default_tools
 from flowlearn.training import collect
 
-RESULTS = Path(__file__).parent / "results" / "rollouts.json"
 QUESTIONS = [
     "What is 17 * 23?",
     "What is the capital of France?",
     "What is 128 + 256?",
     "Who wrote Hamlet?",
 ]
+GROUP = 4
 
 
 class ForwardProbe:
     """Rows and seconds of each forward pass of a model, from torch hooks outside the policy.
 
-    A forward over one new token per row is a decoding step; any other reads prompts.
+    A forward over one new token per row is a decoding step (its rows are tokens decoded); any
+    other reads prompts.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -56,10 +84,10 @@ class ForwardProbe:
             model.register_forward_hook(self._after, with_kwargs=True),
         ]
 
-    def _before(self, module, args, kwargs) -> None:
+    def _before(self, module: Any, args: Any, kwargs: Any) -> None:
         self._started = time.perf_counter()
 
-    def _after(self, module, args, kwargs, output) -> None:
+    def _after(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         ids = kwargs["input_ids"]
         kind = "decoding" if ids.shape[1] == 1 else "reading"
         self.seconds[kind] += time.perf_counter() - self._started
@@ -71,150 +99,218 @@ class ForwardProbe:
             hook.remove()
 
 
-def run(
-    policy: HFPolicy | BatchingPolicy,
-    cases: list[Case],
-    group: int,
-    concurrency: int,
-    context: Context,
-):
-    # every call's budget is the bench's: the engine roles' own (up to 1,024 tokens) would
-    # otherwise run a model that never ends its replies, a random one, to them
-    tokens = context.planner_max_new_tokens
-    engine = HFChatModel(policy=policy, max_new_tokens=tokens, fixed_max_new_tokens=tokens)
-    graph = build_agentflow(policy, engine, default_tools(engine), prompts=AGENTFLOW_PROMPTS)
-    start = time.perf_counter()
-    trajectories = collect(
-        graph,
-        cases,
-        lambda answer, case: Score(0.0, "throughput only"),
-        group_size=group,
-        concurrency=concurrency,
-        context=context,
-        progress=True,
+class Arm:
+    """One way to run the flows; `once()` runs them all and returns the seconds taken."""
+
+    def __init__(self, name: str, policy: HFPolicy, cases: list[Case], args: argparse.Namespace):
+        self.name, self.policy, self.cases, self.args = name, policy, cases, args
+        self.runs: list[dict[str, Any]] = []
+
+    def context(self) -> Context:
+        return Context(
+            max_turns=self.args.max_turns,
+            planner_temperature=self.args.temperature,
+            planner_max_new_tokens=self.args.tokens,
+            seed=0,
+            max_seconds=None,
+            query_analysis=True,  # an engine call every rollout makes, as the default AgentFlow
+        )
+
+    def run(self, cases: list[Case]) -> dict[str, Any]:
+        batching = self.name != "sequential"
+        policy: HFPolicy | BatchingPolicy = (
+            BatchingPolicy(
+                self.policy,
+                max_batch_size=len(cases) * self.args.group,
+                max_wait_s=self.args.max_wait,
+                share_greedy_calls=self.name == "batched_sharing",
+            )
+            if batching
+            else self.policy
+        )
+        # every call's budget is the bench's: the engine roles' own (up to 1,024 tokens) would
+        # otherwise run a model that never ends its replies, a random one, to them
+        tokens = self.args.tokens
+        engine = HFChatModel(policy=policy, max_new_tokens=tokens, fixed_max_new_tokens=tokens)
+        graph = build_agentflow(policy, engine, default_tools(engine), prompts=AGENTFLOW_PROMPTS)
+        probe = ForwardProbe(self.policy.handle.model)
+        delivered: list[int] = []  # completion tokens of each call, as its caller got them
+        decode = policy.generate
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            generation = decode(*args, **kwargs)
+            delivered.append(len(generation.completion_ids))
+            return generation
+
+        policy.generate = counted  # type: ignore[method-assign]  # this instance, this run
+        began = time.perf_counter()
+        try:
+            trajectories = collect(
+                graph,
+                cases,
+                lambda answer, case: Score(0.0, "throughput only"),
+                group_size=self.args.group,
+                concurrency=len(cases) * self.args.group if batching else 1,
+                context=self.context(),
+                progress=False,
+            )
+        finally:
+            seconds = time.perf_counter() - began
+            probe.remove()
+            del policy.generate
+            if isinstance(policy, BatchingPolicy):
+                policy.close()
+        planner = [t for r in trajectories for t in r.transitions if t["node"] == "planner"]
+        return {
+            "seconds": seconds,
+            "trajectories": len(trajectories),
+            "calls": len(delivered),
+            "completion_tokens": sum(delivered),
+            "decoding_forward_rows": sum(probe.rows),
+            "decoding_forwards": len(probe.rows),
+            "mean_rows_per_decoding_forward": sum(probe.rows) / max(len(probe.rows), 1),
+            "seconds_reading_prompts": probe.seconds["reading"],
+            "seconds_decoding": probe.seconds["decoding"],
+            "shared_calls": policy.shared_calls.shared if isinstance(policy, BatchingPolicy) else 0,
+            "planner_calls": len(planner),
+            "planner_completions": [list(t.get("completion_ids") or []) for t in planner],
+            "engine_budgets_spent": sorted(
+                {
+                    int(spent)
+                    for r in trajectories
+                    for t in r.transitions
+                    for note in t.get("notes") or []
+                    for spent in re.findall(r"engine budget spent: (\d+) tokens", note)
+                }
+            ),
+        }
+
+    def warm_up(self) -> float:
+        self.run(self.cases[:1])
+        return 0.0
+
+    def once(self) -> float:
+        self.runs.append(self.run(self.cases))
+        return float(self.runs[-1]["seconds"])
+
+
+def load(args: argparse.Namespace) -> HFPolicy:
+    if not args.tiny:
+        return HFPolicy.from_pretrained(args.planner, device=args.device)
+    from gpu_checks import TINY, model, tokenizer
+
+    tok = tokenizer(args.work / "tokenizer")
+    return HFPolicy(model(TINY, tok, "cpu", torch.float32), tok, version="tiny-qwen2-random")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="a tiny random Qwen2 on CPU")
+    parser.add_argument("--flows", type=int, default=8, help="concurrent flows, 4 a question (8)")
+    parser.add_argument("--planner", help="model (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--device", help="cpu or cuda (default: CUDA when available)")
+    parser.add_argument("--max-turns", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=48, help="new tokens per model call (48)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.7, help="the planner's (training's 0.7)"
     )
-    return trajectories, time.perf_counter() - start
+    parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait, seconds")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each arm (3)")
+    parser.add_argument("--out", type=Path, help="JSON path (bench/results/rollouts[_tiny].json)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/flowlearn-rollouts-bench"))
+    args = parser.parse_args(argv)
+    check_repeats(args.repeats)
+    args.group = min(GROUP, args.flows)  # rollouts a question
+    if args.flows < 1 or args.flows % args.group:
+        parser.error(f"--flows must be 1-{GROUP} or a multiple of {GROUP} (rollouts a question)")
+    if args.tiny and (args.planner or args.device not in (None, "cpu")):
+        parser.error("--tiny builds its own model on CPU: drop --planner and --device")
+    args.out = args.out or RESULTS / ("rollouts_tiny.json" if args.tiny else "rollouts.json")
+    return args
 
 
-def run_probed(policy: BatchingPolicy, cases: list[Case], group: int, flows: int, context: Context):
-    """Run the batched arm with a `ForwardProbe` on its model."""
-    probe = ForwardProbe(policy.handle.model)
-    try:
-        trajectories, seconds = run(policy, cases, group, flows, context)
-    finally:
-        probe.remove()
-    return trajectories, seconds, probe
-
-
-def compare(
-    policy: HFPolicy,
-    flows: int,
-    tokens: int,
-    max_turns: int = 1,
-    max_wait: float = 0.05,
-    repeats: int = 1,
-) -> dict:
-    """Run `flows` flows batched and the same flows one at a time; return the figures.
-
-    With `repeats` > 1 the pair runs again, in the other order each time (batched first, then
-    sequential first, ...), so drift on a shared machine falls on both arms; the speedup is
-    the ratio of the arms' total seconds, and each pair's ratio is listed too.
-    """
-    group = 4
+def compare(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
+    """Warm up, then time the three arms `args.repeats` times in alternating order; the figures."""
     cases = [
-        Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(max(1, flows // group))
+        Case(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(args.flows // args.group)
     ]
-    context = Context(  # with the analysis call, as the recorded figures were taken
-        max_turns=max_turns,
-        planner_max_new_tokens=tokens,
-        seed=0,
-        max_seconds=None,
-        query_analysis=True,
-    )
-    batched_seconds = sequential_seconds = reading = decoding = 0.0
-    sizes: list[int] = []
-    pairs = []
-    for repeat in range(repeats):
-        batched_policy = BatchingPolicy(policy, max_batch_size=flows, max_wait_s=max_wait)
-        if repeat % 2 == 0:
-            batched, pair_batched, probe = run_probed(batched_policy, cases, group, flows, context)
-            sequential, pair_sequential = run(policy, cases, group, 1, context)
-        else:
-            sequential, pair_sequential = run(policy, cases, group, 1, context)
-            batched, pair_batched, probe = run_probed(batched_policy, cases, group, flows, context)
-        batched_policy.close()
-        pairs.append(pair_sequential / pair_batched)
-        batched_seconds += pair_batched
-        sequential_seconds += pair_sequential
-        sizes += probe.rows
-        reading += probe.seconds["reading"]
-        decoding += probe.seconds["decoding"]
-    planner_tokens = [
-        sum(len(t.get("completion_ids") or []) for t in r.transitions if t["node"] == "planner")
-        for r in batched
+    names = ("sequential", "batched", "batched_sharing")
+    arms = {name: Arm(name, policy, cases, args) for name in names}
+    print(f"{args.flows} flows, {args.repeats} repeats of {', '.join(arms)} ...", flush=True)
+    for arm in arms.values():  # untimed, on one question
+        arm.warm_up()
+
+    def report(repeat: int, seconds: dict[str, float]) -> None:
+        print(f"  repeat {repeat + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
+
+    seconds = alternate({n: a.once for n, a in arms.items()}, args.repeats, False, report)
+    result: dict[str, Any] = {}
+    for name, arm in arms.items():
+        result[name] = {
+            "seconds": spread(seconds[name]),
+            "repeats": [
+                {k: v for k, v in run.items() if k != "planner_completions"} for run in arm.runs
+            ],
+        }
+    headline = arms["sequential"].runs + arms["batched"].runs
+    same = [
+        a["planner_completions"] == b["planner_completions"]
+        for a, b in zip(arms["sequential"].runs, arms["batched"].runs, strict=True)
     ]
-    return {
-        "flows": len(batched),
-        "prompt_set": AGENTFLOW_PROMPTS.name,
-        "max_turns": max_turns,
-        "tokens_per_call": tokens,
-        "max_wait_s": max_wait,
-        "repeats": repeats,
-        "batched_trajectories_per_second": repeats * len(batched) / batched_seconds,
-        "sequential_trajectories_per_second": repeats * len(sequential) / sequential_seconds,
-        "speedup": sequential_seconds / batched_seconds,
-        "speedup_per_pair": pairs,
-        "mean_rows_per_forward": sum(sizes) / len(sizes),  # decoding steps
-        "batched_shares": {  # of the batched arm's wall time, in the model's forward passes
-            "reading_prompts": reading / batched_seconds,
-            "decoding": decoding / batched_seconds,
-            "outside_forward": 1 - (reading + decoding) / batched_seconds,
+    return result | {
+        "batched_over_sequential": ratios(seconds["sequential"], seconds["batched"]),
+        "sharing_over_batched": ratios(seconds["batched"], seconds["batched_sharing"]),
+        "shared_calls_headline_arms": sum(run["shared_calls"] for run in headline),
+        "shared_calls_per_sharing_run": [
+            run["shared_calls"] for run in arms["batched_sharing"].runs
+        ],
+        "completion_tokens": {
+            n: [run["completion_tokens"] for run in a.runs] for n, a in arms.items()
         },
-        "planner_tokens_per_trajectory": sum(planner_tokens) / len(planner_tokens),
-        "engine_budgets_spent": sorted(  # the budgets engine calls ran to (each <= tokens)
-            {
-                int(spent)
-                for r in batched
-                for t in r.transitions
-                for note in t.get("notes") or []
-                for spent in re.findall(r"engine budget spent: (\d+) tokens", note)
-            }
+        "decoding_forward_rows": {
+            n: [run["decoding_forward_rows"] for run in a.runs] for n, a in arms.items()
+        },
+        "same_planner_completions_in_headline_arms": same,
+        "engine_budgets_spent": sorted(
+            {b for a in arms.values() for run in a.runs for b in run["engine_budgets_spent"]}
         ),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flows", type=int, default=16, help="concurrent flows (16)")
-    parser.add_argument("--planner", help="model (default: the embedded SmolLM2-135M)")
-    parser.add_argument("--device", help="cpu or cuda (default: CUDA when available)")
-    parser.add_argument("--max-turns", type=int, default=1)
-    parser.add_argument("--tokens", type=int, default=48, help="new tokens per model call")
-    parser.add_argument("--max-wait", type=float, default=0.05, help="batching wait, seconds")
-    parser.add_argument(
-        "--repeats", type=int, default=1, help="pairs of arms, alternating their order (1)"
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=RESULTS,
-        help="where to write the JSON (bench/results/rollouts.json)",
-    )
-    args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    policy = HFPolicy.from_pretrained(args.planner, device=args.device)
-    result = {
-        "machine": f"{os.cpu_count()} CPU cores"
-        + (f", {torch.cuda.get_device_name()}" if policy.model.device.type == "cuda" else ""),
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    policy = load(args)
+    result: dict[str, Any] = provenance("rollouts.py", argv) | {
         "model": policy.version,
-        **compare(policy, args.flows, args.tokens, args.max_turns, args.max_wait, args.repeats),
+        "prompt_set": AGENTFLOW_PROMPTS.name,
+        "settings": {
+            "flows": args.flows,
+            "group": args.group,
+            "max_turns": args.max_turns,
+            "tokens_per_call": args.tokens,
+            "planner_temperature": args.temperature,
+            "max_wait_s": args.max_wait,
+            "repeats": args.repeats,
+        },
     }
-    print(json.dumps(result, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"speedup batched / sequential: {result['speedup']:.2f}x; wrote {args.out}")
+    result |= compare(policy, args)
+    write_result(args.out, result)
+    headline, sharing = result["batched_over_sequential"], result["sharing_over_batched"]
+    print(
+        "completion tokens of every call a repeat (a shared call's counted once a caller): "
+        + ", ".join(f"{name} {values}" for name, values in result["completion_tokens"].items())
+        + "; planner completions the same in both headline arms: "
+        + str(result["same_planner_completions_in_headline_arms"])
+    )
+    shared = result["shared_calls_per_sharing_run"]
+    print(figure_line("sharing_over_batched", sharing, shared_calls_a_run=shared))
+    print(figure_line("batched_over_sequential", headline) + f"; wrote {args.out}")
+    print(
+        f"batched_over_sequential={headline['median']:.3f} "
+        f"shared_calls={result['shared_calls_headline_arms']}"
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,8 @@
 """Latency per `python` tool call: the bubblewrap sandbox vs the unisolated paths, side by side.
 
-Run: `python bench/sandbox.py [--calls 40]`. Three arms run the same snippet, interleaved call by
-call so that load on the machine falls on all of them alike:
+Run: `python bench/sandbox.py [--calls 40]` (`--repeats` is another name for `--calls`; at least
+3). Three arms run the same snippet, after one untimed call of each, interleaved call by call,
+their order reversed every other call, so that load on the machine falls on all of them alike:
 
 1. `old`: the tool before the sandbox (a venv `python -I main.py` with rlimits, output to files);
 2. `none`: today's tool with `isolation="none"` (the runner, pipes, no namespaces);
@@ -10,8 +11,12 @@ call so that load on the machine falls on all of them alike:
 Then the sandbox's own fixed cost, apart from what each interpreter loads at start: the same
 `python -I -S -c pass`, bare and inside the sandbox (`setup` section).
 
-Prints milliseconds per call (median, p90) for each and the ratios, and writes the same text to
-bench/results/sandbox.txt. The one-off probe of the sandbox is paid before timing starts.
+Prints each arm's milliseconds per call (median, p90), and the median and min-max of the per-call
+pair ratios of the sandbox to the other arms. Writes every call's milliseconds, the provenance
+(commit, command, machine, load) and the `headlines` (the sandboxed call's median ms and its
+min-max over the calls) to bench/results/sandbox.json (`--out`), and the printed text beside it
+(sandbox.txt). The one-off probe of the sandbox is paid before timing starts. About 1 minute at
+the defaults on 2 CPU cores (estimated from the kept per-call times).
 """
 
 from __future__ import annotations
@@ -26,12 +31,26 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from measure import (
+    MIN_REPEATS,
+    RESULTS,
+    alternate,
+    figure_line,
+    headline,
+    provenance,
+    ratios,
+    spread,
+    write_result,
+)
 
 from flowlearn.nodes.tools.python_sandbox import run_python
 from flowlearn.nodes.tools.sandbox import bwrap_argv, find_bwrap, interpreter, probe
 from flowlearn.nodes.tools.sandbox_run import scrubbed_env
 
-RESULTS = Path(__file__).parent / "results" / "sandbox.txt"
 SNIPPETS = {"arithmetic": "print(17 * 23)", "numpy": "import numpy\nprint(numpy.arange(4).sum())"}
 
 
@@ -82,51 +101,95 @@ def setup_arms() -> dict[str, Callable[[str], str]]:
 
 
 def measure(arms: dict[str, Callable[[str], str]], code: str, calls: int) -> dict[str, list[float]]:
-    """Return each arm's seconds per call, the arms interleaved call by call."""
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    for _ in range(calls):
-        for name, arm in arms.items():
+    """Each arm's milliseconds per call: one untimed call of each first, then the arms
+    interleaved call by call, their order reversed every other call."""
+
+    def timed(arm: Callable[[str], str]) -> Callable[[], float]:
+        def once() -> float:
             start = time.perf_counter()
             arm(code)
-            times[name].append(time.perf_counter() - start)
-    return times
+            return (time.perf_counter() - start) * 1e3
+
+        return once
+
+    return alternate({name: timed(arm) for name, arm in arms.items()}, calls)
 
 
-def summary(name: str, times: dict[str, list[float]], base: str, new: str) -> list[str]:
-    """Format one snippet's medians and p90s, and `new` against `base`."""
-    median = {arm: statistics.median(t) * 1e3 for arm, t in times.items()}
-    p90 = {arm: statistics.quantiles(t, n=10)[-1] * 1e3 for arm, t in times.items()}
-    lines = [f"{name} ({len(times[base])} calls per arm):"]
-    for arm in times:
-        lines.append(f"  {arm:>5}: median {median[arm]:7.1f} ms   p90 {p90[arm]:7.1f} ms")
-    added = median[new] - median[base]
-    ratios = ", ".join(
-        f"{new}/{arm} = {median[new] / median[arm]:.2f}x" for arm in times if arm != new
-    )
-    lines.append(f"  {ratios}; {new} - {base} = {added:+.1f} ms per call")
+def summary(name: str, ms: dict[str, list[float]], base: str, new: str) -> dict[str, Any]:
+    """One snippet's calls: each arm's spread and p90, and `new`'s pair ratios to every other."""
+    return {
+        "calls": len(ms[base]),
+        "ms": {arm: spread(values) for arm, values in ms.items()},
+        "p90_ms": {arm: statistics.quantiles(values, n=10)[-1] for arm, values in ms.items()},
+        "ratios": {f"{new}/{arm}": ratios(ms[new], ms[arm]) for arm in ms if arm != new},
+        "added_ms": spread([n - b for n, b in zip(ms[new], ms[base], strict=True)]),
+        "base": base,
+        "new": new,
+    }
+
+
+def lines_of(name: str, got: dict[str, Any]) -> list[str]:
+    """Format one snippet's medians and p90s, and the pair ratios."""
+    lines = [f"{name} ({got['calls']} calls per arm, the arms taking turns):"]
+    for arm, ms in got["ms"].items():
+        lines.append(
+            f"  {arm:>5}: median {ms['median']:7.1f} ms   p90 {got['p90_ms'][arm]:7.1f} ms"
+        )
+    for pair, ratio in got["ratios"].items():
+        lines.append("  " + figure_line(pair, ratio))
+    added = got["added_ms"]["median"]
+    lines.append(f"  {got['new']} - {got['base']} = {added:+.1f} ms per call (median of pairs)")
     return lines
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--calls",
+        "--repeats",
+        dest="calls",
+        type=int,
+        default=40,
+        help="timed calls per arm and snippet (40)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS / "sandbox.json", help="JSON path (.txt beside it)"
+    )
+    args = parser.parse_args(argv)
+    if args.calls < MIN_REPEATS:
+        parser.error(f"--calls {args.calls}: a figure needs at least {MIN_REPEATS} calls an arm")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Measure every snippet in every arm; print and save the report."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=40, help="calls per arm and snippet (40)")
-    args = parser.parse_args(argv)
+    args = parse(argv)
     why_not = probe(find_bwrap())
     if why_not is not None:
         print(f"no sandbox on this host: {why_not}", file=sys.stderr)
         return 1
-    for code in SNIPPETS.values():  # warm the page cache and the probe, untimed
-        for arm in ARMS.values():
-            arm(code)
+    result: dict[str, Any] = provenance("sandbox.py", argv) | {"calls": args.calls}
     lines = [f"python tool latency, {platform.platform()}, {platform.python_version()}"]
     for name, code in SNIPPETS.items():
-        lines += summary(name, measure(ARMS, code, args.calls), "old", "bwrap")
-    lines += summary("setup", measure(setup_arms(), "", args.calls), "bare", "boxed")
+        result[name] = summary(name, measure(ARMS, code, args.calls), "old", "bwrap")
+        lines += lines_of(name, result[name])
+    result["setup"] = summary("setup", measure(setup_arms(), "", args.calls), "bare", "boxed")
+    lines += lines_of("setup", result["setup"])
+    result["headlines"] = [
+        headline(
+            "sandboxed python call",
+            result["arithmetic"]["ms"]["bwrap"],
+            "ms",
+            f"one `python` tool call of {SNIPPETS['arithmetic']} in the bubblewrap sandbox, "
+            "timed call by call beside the unsandboxed paths",
+        )
+    ]
     report = "\n".join(lines)
     print(report)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(report + "\n", encoding="utf-8")
+    write_result(args.out, result)
+    args.out.with_suffix(".txt").write_text(report + "\n", encoding="utf-8")
+    print(figure_line("bwrap_arithmetic_ms", result["arithmetic"]["ms"]["bwrap"]))
+    print(f"wrote {args.out} and {args.out.with_suffix('.txt')}")
     return 0
 
 

@@ -177,6 +177,9 @@ class BatchingPolicy:
             that prefix is read once and its KV cache shared by every row of the group.
         share_greedy_calls: a greedy call identical to one in flight gets a copy of its
             result instead of a row of its own (`SharedCalls`; bench/shared_calls.py).
+        continuous: requests join the running batch at the next decoding step. False decodes
+            a static batch, as `generate` does: calls that arrive while a batch runs wait until
+            its every row is done (bench/rollout_speed.py measures what continuity gives).
 
     """
 
@@ -188,6 +191,7 @@ class BatchingPolicy:
     max_wait_s: float = 0.05
     min_shared_prefix: int = 32
     share_greedy_calls: bool = True
+    continuous: bool = True
     _decoder: BatchDecoder = field(init=False, repr=False)
     _queue: queue.Queue[Request | None] = field(init=False, repr=False)
     _worker: threading.Thread | None = field(init=False, repr=False, default=None)
@@ -356,6 +360,8 @@ class BatchingPolicy:
         """
         room = self.max_batch_size - (len(running.rows) if running else 0)
         arrived: list[Request] = []
+        if running is not None and not self.continuous:
+            return arrived  # a static batch: the queued calls wait for the next one
 
         def take(item: Request | None) -> None:
             if item is None:

@@ -25,10 +25,13 @@ from flowlearn.graphs import OutputState
 ROOT = Path(__file__).parents[2]
 CLI = Path(sys.executable).parent / "langgraph"
 
-pytestmark = pytest.mark.skipif(
-    not CLI.exists() and shutil.which("langgraph") is None,
-    reason="langgraph-cli[inmem] is not installed (the dev extra installs it)",
-)
+pytestmark = [
+    pytest.mark.slow,  # a real `langgraph dev` server
+    pytest.mark.skipif(
+        not CLI.exists() and shutil.which("langgraph") is None,
+        reason="langgraph-cli[inmem] is not installed (the dev extra installs it)",
+    ),
+]
 
 
 def free_port() -> int:

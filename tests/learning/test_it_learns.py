@@ -124,6 +124,8 @@ from learning.task import (
 )
 from learning.warmup import FORMAT, TOOLS, build_policy, planner_output, warm_up_format
 
+pytestmark = pytest.mark.slow  # minutes of training on 2 CPU cores
+
 PROMPTS = SMOLLM2_PROMPTS
 """The toy learns under the tool-name-first, prefilled planner prompt (see the docstring's CI
 run: sampled filler before a tool name did not end greedily), which is this preset's."""

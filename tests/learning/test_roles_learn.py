@@ -111,6 +111,8 @@ from learning.warmup import (
     warm_up,
 )
 
+pytestmark = pytest.mark.slow  # minutes of training on 2 CPU cores
+
 NODES = ["planner", "verifier"]
 VERIFIER_TOKENS = 8
 """The verifier's budget: `Conclusion: STOP` and the end are a few tokens."""

@@ -44,6 +44,7 @@ LAUNCH = [
 ENV = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_two_process_cpu_training_under_accelerate(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     config = tmp_path / "train.yaml"
@@ -73,6 +74,7 @@ def test_two_process_cpu_training_under_accelerate(tiny_model_dir: Path, tmp_pat
         assert first[step] and second[step] and not first[step] & second[step]
 
 
+@pytest.mark.slow
 def test_two_processes_make_the_update_of_one_on_the_union(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

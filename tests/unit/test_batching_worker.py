@@ -101,6 +101,7 @@ print("exiting")
 """
 
 
+@pytest.mark.slow
 def test_the_interpreter_exits_cleanly_with_an_idle_worker(tiny_model_dir: Path) -> None:
     """A daemon worker waking during finalization would abort the process (exit code 134)."""
     done = subprocess.run(

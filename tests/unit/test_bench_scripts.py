@@ -1,31 +1,49 @@
-"""The rollout-speed bench runs end to end on a tiny model (its figures are not checked here)."""
+"""The benches run end to end on a tiny model (their figures are not checked here, their shape is:
+arms alternated, repeats with their spread, provenance recorded)."""
 
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[2] / "bench"
 
 
+@pytest.mark.slow
 def test_the_rollout_speed_bench_reports_both_arms_and_the_ratio(tmp_path: Path) -> None:
     out = tmp_path / "speed.json"
     command = [sys.executable, str(BENCH / "rollout_speed.py"), "--tiny", "--no-update"]
-    command += ["--questions", "1", "--group", "4", "--tokens", "8", "--repeats", "2"]
+    command += ["--questions", "1", "--group", "4", "--tokens", "8", "--repeats", "3"]
     command += ["--out", str(out), "--work", str(tmp_path / "work"), "--attn", "eager"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("flow_over_trl_tokens_per_second=")
-    report = json.loads(out.read_text())
-    ratio = (
-        report["flow"]["completion_tokens_per_second"]
-        / report["trl"]["completion_tokens_per_second"]
+    found = re.fullmatch(
+        r"flow_over_trl_tokens_per_second=([\d.]+) pairs=(\d+) range=([\d.]+)-([\d.]+)", last
     )
-    assert float(last.split("=")[1]) == round(ratio, 3)
-    assert len(report["flow"]["repeats"]) == len(report["trl"]["repeats"]) == 2
+    assert found, last
+    report = json.loads(out.read_text())
+    pairs = [
+        flow / trl
+        for flow, trl in zip(report["flow"]["repeats"], report["trl"]["repeats"], strict=True)
+    ]
+    assert len(pairs) == int(found[2]) == 3
+    assert float(found[1]) == round(statistics.median(pairs), 3)
+    assert (float(found[3]), float(found[4])) == (round(min(pairs), 3), round(max(pairs), 3))
+    # every source of the ratio has an arm of its own, reported over TRL
+    for variant in ("flow_no_prefix_sharing", "flow_static_batch", "flow_one_turn"):
+        assert report["over_trl"][variant]["n"] == 3
+        assert f"{variant}_over_trl_tokens_per_second=" in done.stdout
+    assert report["variants"]["flow_one_turn"]["planner_calls"] == 4  # one turn a rollout
+    for key in ("commit", "command", "date"):
+        assert report[key]
+    assert report["machine"]["cpu_cores"] >= 1 and report["machine"]["load_average_at_start"]
     assert report["flow"]["rollouts"] == 4 and report["flow"]["planner_calls"] >= 4
     assert 0 < report["flow"]["occupancy"] <= 1
     assert report["settings"]["attn"] == "eager"  # both arms' attention kernel, as asked
@@ -33,6 +51,7 @@ def test_the_rollout_speed_bench_reports_both_arms_and_the_ratio(tmp_path: Path)
     assert out.with_suffix(".txt").read_text().strip().endswith(last)
 
 
+@pytest.mark.slow
 def test_the_gpu_training_bench_runs_every_arm_on_cpu(tmp_path: Path) -> None:
     """`gpu_train.py --tiny`: the script a lent GPU runs, checked before it is lent."""
     out = tmp_path / "gpu_train.txt"
@@ -55,3 +74,41 @@ def test_the_gpu_training_bench_runs_every_arm_on_cpu(tmp_path: Path) -> None:
     assert report["trl_grpo"]["prompts"] == "the flow's first-turn planner prompts"
     assert report["trl_grpo"]["mean_prompt_tokens"] > 500
     assert done.stdout.strip().splitlines()[-1].startswith("wrote ")
+
+
+@pytest.mark.slow
+def test_the_rollouts_bench_decodes_the_same_work_in_its_headline_arms(tmp_path: Path) -> None:
+    """`rollouts.py --tiny`: sharing off in both headline arms (equal decoded tokens), sharing's
+    saving a line of its own with its count, the planner sampled, three alternated repeats."""
+    out = tmp_path / "rollouts.json"
+    command = [sys.executable, str(BENCH / "rollouts.py"), "--tiny", "--flows", "4"]
+    command += ["--tokens", "8", "--out", str(out), "--work", str(tmp_path / "work")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    found = re.fullmatch(r"batched_over_sequential=([\d.]+) shared_calls=(\d+)", lines[-1])
+    assert found, lines[-1]
+    assert found[2] == "0"
+    report = json.loads(out.read_text())
+    assert report["settings"]["planner_temperature"] == 0.7
+    assert report["batched_over_sequential"]["n"] == 3
+    assert float(found[1]) == round(report["batched_over_sequential"]["median"], 3)
+    tokens = report["completion_tokens"]
+    assert tokens["sequential"] == tokens["batched"] == tokens["batched_sharing"], tokens
+    calls = [run["calls"] for run in report["batched"]["repeats"]]
+    assert calls == [run["calls"] for run in report["sequential"]["repeats"]]  # the same work
+    assert all(report["same_planner_completions_in_headline_arms"])
+    sharing = next(line for line in lines if line.startswith("sharing_over_batched="))
+    assert "pairs=3" in sharing
+    assert min(report["shared_calls_per_sharing_run"]) > 0  # the engine's analysis, shared
+    rows = report["decoding_forward_rows"]
+    assert rows["batched_sharing"][0] < rows["batched"][0]  # the shared calls were not decoded
+
+
+@pytest.mark.slow
+def test_a_bench_refuses_fewer_than_three_repeats(tmp_path: Path) -> None:
+    for script in ("rollouts.py", "rollout_speed.py"):
+        command = [sys.executable, str(BENCH / script), "--tiny", "--repeats", "2"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert done.returncode != 0
+        assert "at least 3" in done.stderr or ">= 3" in done.stderr, done.stderr

@@ -99,6 +99,7 @@ def test_human_approval_interrupt_then_resume(
     assert record["result"] == result and record["error"] == error
 
 
+@pytest.mark.slow
 def test_run_killed_mid_way_resumes_from_sqlite_without_repeating_steps(tmp_path: Path) -> None:
     db, log = tmp_path / "threads.sqlite", tmp_path / "calls.log"
     job = [sys.executable, str(Path(__file__).parents[1] / "durable_job.py"), str(db), str(log)]

@@ -110,6 +110,7 @@ def test_exhausted_retries_are_recorded_and_the_run_goes_on(prefix: str, node: s
     assert "final_text" in state
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failures", [2, 10])
 def test_a_graph_composed_by_hand_survives_engine_faults_like_the_default(failures: int) -> None:
     """The retries live in the nodes, so a hand-built graph without a graph-level RetryPolicy

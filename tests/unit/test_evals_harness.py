@@ -216,6 +216,7 @@ def test_failed_runs_are_recorded_not_raised(tmp_path: Path) -> None:
     assert result.score == 0 and result.error == "RuntimeError: model crashed"
 
 
+@pytest.mark.slow
 def test_killed_eval_resumes_without_redoing_finished_cases(tmp_path: Path) -> None:
     results, started = tmp_path / "results.jsonl", tmp_path / "started.log"
     job = [

@@ -62,6 +62,7 @@ def test_every_example_script_answers_as_its_docstring_says(script: str, line: s
     assert "Deprecat" not in done.stderr, done.stderr  # current APIs only
 
 
+@pytest.mark.slow
 def test_train_your_graph_trains_each_node_of_a_users_app_on_its_adapter(tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = subprocess.run(
@@ -80,6 +81,7 @@ def test_train_your_graph_trains_each_node_of_a_users_app_on_its_adapter(tmp_pat
     assert "Deprecat" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_train_your_graph_lists_its_options_and_refuses_unknown_nodes() -> None:
     script = [sys.executable, str(EXAMPLES / "train_your_graph.py")]
     shown = subprocess.run([*script, "--help"], capture_output=True, text=True, check=True)

@@ -9,6 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -51,6 +52,7 @@ def engine() -> FakeChatModel:
     return FakeChatModel(respond=respond)
 
 
+@pytest.mark.slow
 def test_two_hundred_concurrent_runs_do_not_share_memory(tmp_path: Path) -> None:
     policy = ScriptedPolicy([lambda m: plan("double", sub_goal=f"double {number(m)}")])
     connection = sqlite3.connect(tmp_path / "runs.sqlite", check_same_thread=False)

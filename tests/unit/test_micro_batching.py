@@ -76,6 +76,7 @@ def objective_gradient(trainer: Any, trajectories: Any, mode: Any) -> dict[str, 
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["paper", "sequence"])
 def test_micro_steps_and_chunks_give_one_batchs_gradient(
     tiny_model_dir: Path, tmp_path: Path, mode: str
@@ -124,6 +125,7 @@ def verl_one_backward(trainer: Any) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.slow
 def test_verl_like_micro_steps_give_verls_loss_in_one_backward(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -96,6 +96,7 @@ def test_the_server_policy_records_processed_logprobs_and_training_refuses_them(
     assert build_flow_grpo_rows(stored(full), sampling=TRAINER).stats["rows"] == 2
 
 
+@pytest.mark.slow
 def test_the_trainer_refuses_offline_rows_sampled_otherwise_and_logs_what_it_cut(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -44,6 +44,7 @@ def append_concurrently(path: Path, writers: int) -> None:
         assert proc.wait(timeout=300) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writers", [2, 4])
 def test_concurrent_appenders_lose_nothing_and_tear_nothing(tmp_path: Path, writers: int) -> None:
     path = tmp_path / "shared.jsonl"

@@ -116,6 +116,7 @@ def _claim_at_once(folder: str, start: Any, results: Any) -> None:
         results.put(f"refused: {exc}")
 
 
+@pytest.mark.slow
 def test_processes_of_one_job_claiming_a_folder_at_once_all_get_one_marker(
     tmp_path: Path,
 ) -> None:

@@ -160,6 +160,7 @@ def poisoned_trainer(tiny_model_dir: Path, tmp_path: Path) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_training_stops_at_the_first_non_finite_loss(tiny_model_dir: Path, tmp_path: Path) -> None:
     import torch
 

@@ -37,6 +37,7 @@ def perturbed(folder: Path) -> Any:
     return model
 
 
+@pytest.mark.slow
 def test_the_reference_is_the_modified_model_in_memory(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -99,6 +100,7 @@ def test_a_model_whose_folder_is_gone_trains_with_beta(
     assert [h["kl"] for h in trainer.state.log_history if "kl" in h]
 
 
+@pytest.mark.slow
 def test_under_lora_the_reference_is_the_base_without_a_copy(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -41,6 +41,7 @@ def score(answer: str, case: Case) -> Score:
     return Score(1.0, "always")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("concurrency", "batch", "peak"), [(None, 12, 12), (5, 5, 5), (1, 0, 1)])
 def test_the_steps_rollouts_are_in_flight_and_batched_together_by_default(
     tiny_model_dir: Path, concurrency: int | None, batch: int, peak: int

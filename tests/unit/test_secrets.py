@@ -56,6 +56,7 @@ def flowlearn(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_no_key_appears_in_any_file_or_output_of_a_run(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -308,6 +308,7 @@ def test_served_nodes_each_nodes_requests_name_its_adapter_while_training(
     assert all(h["flow/planner/rows"] == h["flow/verifier/rows"] == 4.0 for h in logged)
 
 
+@pytest.mark.slow
 def test_served_nodes_flowlearn_train_pushes_both_nodes_adapters(
     tiny_model_dir: Path, tmp_path: Path, vllm: StandInLoraServer
 ) -> None:

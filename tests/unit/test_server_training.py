@@ -51,6 +51,7 @@ def vllm(tiny_model_dir: Path) -> StandInLoraServer:
     served.close()
 
 
+@pytest.mark.slow
 def test_server_training_two_steps_push_each_adapter_and_sample_from_it(
     tiny_model_dir: Path, tmp_path: Path, vllm: StandInLoraServer
 ) -> None:

@@ -152,6 +152,7 @@ def test_lora_with_the_frozen_base_as_engine(tiny_model_dir: Path, tmp_path: Pat
     assert rollout["transitions"][-1]["node"] == "generator"
 
 
+@pytest.mark.slow
 def test_train_checkpoint_resume_and_final_policy_runs(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

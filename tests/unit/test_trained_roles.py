@@ -177,6 +177,7 @@ def train_one_node(
     return model, trainer, store, start
 
 
+@pytest.mark.slow
 def test_two_nodes_on_disjoint_rows_train_as_two_one_node_trainings(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -203,6 +204,7 @@ def test_two_nodes_on_disjoint_rows_train_as_two_one_node_trainings(
             assert torch.allclose(after_together[key], value, atol=1e-5, rtol=0), key
 
 
+@pytest.mark.slow
 def test_resume_restores_every_adapter_and_the_optimizer(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -245,6 +247,7 @@ def test_resume_restores_every_adapter_and_the_optimizer(
             assert torch.allclose(got[key], value, atol=1e-5, rtol=0), key
 
 
+@pytest.mark.slow
 def test_a_trained_verifier_rolls_out_with_its_own_adapter_and_learns(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -289,6 +292,7 @@ def test_a_trained_verifier_rolls_out_with_its_own_adapter_and_learns(
     assert any(not torch.equal(start[k], after[k]) for k in start)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("second", ["verifier", "executor"])
 def test_train_two_nodes_then_run_the_result(
     second: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -413,6 +417,7 @@ def test_a_loaded_result_of_several_nodes_decodes_every_node_and_the_engine_in_o
     assert len({tuple(g.completion_ids) for g in got}) > 1  # the adapters do differ
 
 
+@pytest.mark.slow
 def test_a_trained_executor_writes_its_calls_with_its_own_adapter_and_learns(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

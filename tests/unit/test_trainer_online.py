@@ -48,6 +48,7 @@ def scorer(answer: str, case: Case):  # type: ignore[no-untyped-def]
     return exact_match(answer, case.reference)
 
 
+@pytest.mark.slow
 def test_online_training_updates_the_planner_in_the_flow(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

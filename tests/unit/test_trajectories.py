@@ -187,6 +187,7 @@ def test_newer_schema_is_refused() -> None:
         Trajectory.from_dict(data)
 
 
+@pytest.mark.slow
 def test_killed_collection_resumes_with_nothing_lost_or_duplicated(tmp_path: Path) -> None:
     store = tmp_path / "t.jsonl"
     job = [sys.executable, str(Path(__file__).parents[1] / "collect_job.py"), str(store)]

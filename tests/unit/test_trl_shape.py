@@ -212,6 +212,7 @@ def test_several_trained_nodes_from_a_model_name_in_trls_shape(
     assert record == {"base": str(tiny_model_dir), "nodes": ["planner", "verifier"]}
 
 
+@pytest.mark.slow
 def test_trls_shape_resumes_from_its_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
     from transformers import TrainerCallback
 

@@ -201,6 +201,7 @@ def test_vllm_off_or_offline_refuses_an_engine_factory(
             )
 
 
+@pytest.mark.slow
 def test_vllm_two_processes_with_different_turn_counts_finish(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -68,6 +68,7 @@ def verl_micro_batches(trainer: Any, samples: dict[Any, tuple[float, str]]) -> l
     return micro_batches
 
 
+@pytest.mark.slow
 def test_verl_like_mode_makes_verls_updates(tiny_model_dir: Path, tmp_path: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     trajectories = toy_trajectories(model, OFFICIAL_SPEC, seed=2)

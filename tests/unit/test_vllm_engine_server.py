@@ -155,6 +155,7 @@ def test_vllm_engine_server_tokenizer_must_load(tmp_path: Path) -> None:
         server_engine("http://h:1/v1", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_vllm_engine_server_training_one_server_serves_both_roles(
     tiny_model_dir: Path, tmp_path: Path, served: tuple[StandInLoraServer, str]
 ) -> None:
