@@ -14,6 +14,12 @@ test checks they match): `train.jsonl` and `heldout.jsonl` (cases: `id`, `questi
 (a string, or a list of acceptable answers, see `ALSO_RIGHT`),
 `kind`, `tool`) and `corpus.jsonl` (one passage per fact, train and held-out alike), under
 `evals/data/tooluse/`. Held-out questions use numbers and entities training never saw.
+
+`heldout.jsonl` was read while the shipped planner and the `smollm2` preset were tuned, so it is
+a development split now. `test.jsonl` (48 cases, drawn after the others from the same generator,
+with entities and numbers no other split holds) is the held-out split: written once, read only to
+report (`bench/learning.py`), never while tuning; its passages are appended to a copy of the
+corpus, `test_corpus.jsonl`. `TEST_SHA256` records its bytes, and a test keeps them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ TASK_DIR = Path(__file__).resolve().parent / "data" / "tooluse"
 TRAIN_FILE = TASK_DIR / "train.jsonl"
 HELDOUT_FILE = TASK_DIR / "heldout.jsonl"
 CORPUS_FILE = TASK_DIR / "corpus.jsonl"
+TEST_FILE = TASK_DIR / "test.jsonl"
+TEST_CORPUS_FILE = TASK_DIR / "test_corpus.jsonl"
+TEST_SHA256 = "c564800241964ca3ac5945992be0e7dcdc4d1f1782d6cdd1e56b9b2d79650bbb"
+"""The SHA-256 of `test.jsonl` as written on 2026-12-07, before any model was run on it."""
 TRAIN_MIX_FILE = TASK_DIR / "train_lookup_heavy.jsonl"
 """The training cases in the CPU recipe's order: two lookups, then one arithmetic question, the
 arithmetic left over at the end. The untrained planner already answers arithmetic with python
@@ -160,21 +170,27 @@ def lookup_cases(
     return cases, passages
 
 
-def build(seed: int = 18, train: int = 96, heldout: int = 48) -> dict[str, list[dict[str, Any]]]:
-    """Build the task's three files' records: train and held-out cases and the corpus.
+def build(
+    seed: int = 18, train: int = 96, heldout: int = 48, test: int = 48
+) -> dict[str, list[dict[str, Any]]]:
+    """Build the task's files' records: train, held-out (dev) and test cases and the corpora.
 
-    Each split is half of each kind. Held-out numbers and names are drawn after training's,
-    never repeating a name.
+    Each split is half of each kind. Held-out numbers and names are drawn after training's, and
+    the test split's after both, never repeating a name; the test split's passages go only to
+    `test_corpus` (the corpus and them).
     """
     rng = random.Random(seed)
     used: set[str] = set()
     files: dict[str, list[dict[str, Any]]] = {"corpus": []}
-    for split, size in (("train", train), ("heldout", heldout)):
+    for split, size in (("train", train), ("heldout", heldout), ("test", test)):
         math = arithmetic_cases(size // 2, rng, split)
         facts, passages = lookup_cases(size - size // 2, rng, split, used)
         # interleave the kinds, so any prefix (`--limit`, a step's questions) holds both
         files[split] = [case for pair in zip(math, facts, strict=True) for case in pair]
-        files["corpus"].extend(passages)
+        if split == "test":
+            files["test_corpus"] = files["corpus"] + passages
+        else:
+            files["corpus"].extend(passages)
     files["train_lookup_heavy"] = lookup_heavy(files["train"])
     return files
 

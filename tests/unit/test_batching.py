@@ -273,6 +273,35 @@ def test_requests_join_a_running_batch_and_leave_it_when_done(
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
 
 
+def test_a_static_batch_makes_later_calls_wait_for_the_running_one(tiny_model_dir: Path) -> None:
+    """`continuous=False` (what bench/rollout_speed.py's static arm measures): calls that arrive
+    while a batch decodes wait until its every row is done, then decode together, unchanged."""
+    single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
+    batched = BatchingPolicy(single, max_batch_size=8, max_wait_s=0.0, continuous=False)
+    long_call = (PROMPTS[3], Sampling(temperature=0.0, max_new_tokens=300))
+    short_calls = [(SHARED + p, Sampling(temperature=0.0, max_new_tokens=5)) for p in PROMPTS[:2]]
+    finished: dict[str, float] = {}
+
+    def call(name: str, prompt: str, sampling: Sampling) -> Generation:
+        got = batched.generate(chat(prompt), sampling)
+        finished[name] = time.perf_counter()
+        return got
+
+    with rows_per_forward(single.model) as rows, ThreadPoolExecutor(max_workers=3) as pool:
+        running = pool.submit(call, "long", *long_call)
+        while not rows:  # the long request is being decoded
+            time.sleep(0.001)
+        shorts = [pool.submit(call, f"short{i}", *c) for i, c in enumerate(short_calls)]
+        results = [running.result(), *(s.result() for s in shorts)]
+    long_steps = len(results[0].completion_ids)
+    assert long_steps > 5
+    assert max(rows[:long_steps]) == 1  # nothing joined the running batch
+    assert max(rows) == 2  # the two that waited decoded together afterwards
+    assert min(finished["short0"], finished["short1"]) > finished["long"]
+    for (prompt, sampling), got in zip([long_call, *short_calls], results, strict=True):
+        assert got.completion_ids == single.generate(chat(prompt), sampling).completion_ids
+
+
 def test_a_seeded_call_samples_the_same_tokens_alone_or_in_a_batch(
     policies: tuple[HFPolicy, BatchingPolicy],
 ) -> None:

@@ -1,0 +1,110 @@
+"""Write the published figure tables of README.md and docs/performance.md from bench/results/.
+
+Run: `python bench/publish.py` (`make bench` runs it last; `--check` only reports what differs).
+A table sits between `<!-- bench: FILE ... -->` and `<!-- /bench -->`, the files named in the
+opening marker; each row is one figure of a result file's `headlines`: what was compared, its
+median with the min-max range over its repeats and their count, and the machine and date of the
+run. tests/unit/test_published_figures.py fails when a table and its files disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DOCS = [ROOT / "README.md", ROOT / "docs" / "performance.md"]
+BLOCK = re.compile(r"(<!-- bench: ([^>]*?) -->\n)(.*?)(<!-- /bench -->)", re.DOTALL)
+REQUIRED = ("commit", "command", "date", "machine", "headlines")
+
+
+def number(value: float, unit: str) -> str:
+    """`value` as the docs print it in `unit` (x: a ratio, to 2 decimals; s, ms, GiB: 3 figures)."""
+    if unit == "x":
+        return f"{value:.2f}"
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def figure(headline: dict[str, Any]) -> str:
+    """`**1.23x** (1.10-1.31, 3 repeats)`."""
+    unit = headline["unit"]
+    suffix = "x" if unit == "x" else f" {unit}"
+    low, high = number(headline["min"], unit), number(headline["max"], unit)
+    return (
+        f"**{number(headline['median'], unit)}{suffix}** "
+        f"({low}-{high}, {headline['n']} {'pairs' if unit == 'x' else 'repeats'})"
+    )
+
+
+def load(name: str) -> dict[str, Any]:
+    """A result file, checked to hold what a published figure needs."""
+    path = RESULTS / name
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such result; run its bench (make bench)")
+    data = json.loads(path.read_text())
+    missing = [key for key in REQUIRED if key not in data]
+    if missing:
+        raise SystemExit(f"{path}: lacks {', '.join(missing)}; rerun its bench (make bench)")
+    for headline in data["headlines"]:
+        if headline["n"] < 3:
+            raise SystemExit(f"{path}: '{headline['label']}' has {headline['n']} repeats (< 3)")
+    return data
+
+
+def machine(data: dict[str, Any]) -> str:
+    facts = data["machine"]
+    device = facts.get("device", "cpu")
+    where = f"{facts['cpu_cores']} CPU cores" if device == "cpu" else device
+    load_now = facts.get("load_average_at_start")
+    return where + (f", load {load_now[0]:.1f}" if load_now else "")
+
+
+def table(names: list[str]) -> str:
+    """The Markdown table of every headline of the result files `names`."""
+    rows = [
+        "| bench | what was compared | figure (median, range) | machine, date |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        data = load(name)
+        command = data["command"].removeprefix("python ")
+        for headline in data["headlines"]:
+            rows.append(
+                f"| `{command}` | {headline['label']}: {headline['compared']} | "
+                f"{figure(headline)} | {machine(data)}, {data['date'][:10]} |"
+            )
+    return "\n".join(rows) + "\n"
+
+
+def render(text: str) -> str:
+    """`text` with every bench table rewritten from its result files."""
+    return BLOCK.sub(
+        lambda found: found[1] + table(found[2].split()) + found[4],
+        text,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="report differences, write nothing")
+    args = parser.parse_args(argv)
+    stale = []
+    for doc in DOCS:
+        text = doc.read_text()
+        new = render(text)
+        if new != text:
+            stale.append(doc.relative_to(ROOT))
+            if not args.check:
+                doc.write_text(new)
+    verb = "differ from" if args.check else "rewritten from"
+    print(f"{', '.join(map(str, stale)) or 'no table'} {verb} bench/results/")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
