@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 QUESTION ?= What is 17 * 23?
 
-.PHONY: install demo test check bench lint typecheck imports links clean
+.PHONY: install demo test check bench bench-learning lint typecheck imports links clean
 
 install: $(STAMP)
 
@@ -59,14 +59,22 @@ check: lint
 # bench/publish.py rewrites the figure tables of README.md and docs/performance.md from them.
 BENCHES := \
 	"rollouts.py" "rollouts.py --tiny" "rollout_speed.py" "rollout_speed.py --tiny" \
-	"update.py" "memory.py --arms model,stock,flow" "memory.py --micro 8,32" "decode_step.py" \
-	"adapter_batches.py" "batches.py" "overhead.py" "local_search.py" "retriever.py" "sandbox.py"
+	"update.py" "memory.py --arms model,stock,flow" \
+	"memory.py --micro 8,32 --per-device 4 --steps 3 --group 8 --prompt 64 --completion 32" \
+	"decode_step.py" "adapter_batches.py" "batches.py" "overhead.py" "local_search.py" \
+	"retriever.py" "sandbox.py"
 
 bench: $(STAMP)
 	@for bench in $(BENCHES); do \
 		echo "== python bench/$$bench"; \
 		/usr/bin/time -f "   %e s, %M KB peak: bench/$$bench" $(PY) bench/$$bench || exit 1; \
 	done
+	$(PY) bench/publish.py
+
+# The learning figures: the shipped planner against every untrained configuration on the tool
+# task's test split, greedy and sampled (hours on 2 CPU cores; resumes where it stopped).
+bench-learning: $(STAMP)
+	$(PY) bench/learning.py
 	$(PY) bench/publish.py
 
 clean:

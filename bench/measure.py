@@ -172,6 +172,23 @@ def on_own_thread(work: Any) -> Any:
     return done.get("value")
 
 
+class Timer:
+    """Seconds and calls summed over threads."""
+
+    def __init__(self) -> None:
+        self.seconds, self.calls, self._lock = 0.0, 0, threading.Lock()
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+            self.calls += 1
+
+
+def middle(runs: list[Any], key: Any) -> Any:
+    """The median repeat by `key` (the upper of the two middle ones for an even count)."""
+    return sorted(runs, key=key)[len(runs) // 2]
+
+
 def write_result(path: Path, data: Mapping[str, Any]) -> None:
     """Write `data` as JSON to `path` atomically: a half-written file never replaces a whole."""
     path.parent.mkdir(parents=True, exist_ok=True)

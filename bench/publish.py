@@ -81,10 +81,64 @@ def table(names: list[str]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def learning(name: str) -> str:
+    """The learning figures (bench/learning.py): the headline sentence, then every configuration."""
+    path = RESULTS / name
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such result; run bench/learning.py (make bench-learning)")
+    data = json.loads(path.read_text())
+    if "gain_sampled" not in data:
+        raise SystemExit(f"{path}: unfinished (no gains); rerun bench/learning.py")
+    shipped = data["configurations"]
+    head = next(name for name, c in shipped.items() if c["planner"] == "default")
+    seeds = data["settings"]["seeds"]
+
+    def gain(decoding: str) -> str:
+        found = data[f"gain_{decoding}"]
+        low, high = found["ci95"]
+        points = f"**{found['points']:+.1f} points**"
+        return f"{points} (95% CI {low:+.1f} to {high:+.1f}) over {found['over']}"
+
+    lines = [
+        f"On the tool task's test split ({data['cases']} questions no tuning read, "
+        f"`{data['split']['file']}`, SHA-256 `{data['split']['sha256'][:12]}…`), the shipped "
+        f"planner at its defaults against the strongest untrained configuration: greedy "
+        f"{gain('greedy')}; sampled at T={data['settings']['temperature']}, mean of {seeds} "
+        f"seeds, {gain('sampled')}. The strongest baseline is picked on this split after the "
+        "fact, which favours the baseline.",
+        "",
+        f"| configuration | greedy | sampled (T={data['settings']['temperature']}, "
+        f"{seeds} seeds) |",
+        "|---|---|---|",
+    ]
+    for config, figures in shipped.items():
+        cells = []
+        for decoding in ("greedy", "sampled"):
+            found = figures[decoding]
+            low, high = found["ci95"]
+            cells.append(f"{found['accuracy']:.1f}% ({low:.1f}-{high:.1f})")
+        label = f"**{config}**" if config == head else config
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    lines.append(
+        f"\nAccuracy is exact match at `flowlearn eval`'s defaults (10 turns, the untrained "
+        f"engine), with a 95% interval (Wilson's greedy; a bootstrap over questions sampled); "
+        f"{machine(data)}, {data['date'][:10]}, commit `{data['commit'][:10]}`."
+    )
+    return "\n".join(lines) + "\n"
+
+
 def render(text: str) -> str:
     """`text` with every bench table rewritten from its result files."""
     return BLOCK.sub(
-        lambda found: found[1] + table(found[2].split()) + found[4],
+        lambda found: (
+            found[1]
+            + (
+                learning(found[2].split()[1])
+                if found[2].startswith("learning ")
+                else table(found[2].split())
+            )
+            + found[4]
+        ),
         text,
     )
 

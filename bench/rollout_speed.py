@@ -46,7 +46,6 @@ import random
 import re
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -59,8 +58,11 @@ from measure import (
     MIN_REPEATS,
     RESULTS,
     Report,
+    Timer,
     alternate,
     figure_line,
+    headline,
+    middle,
     on_own_thread,
     provenance,
     ratios,
@@ -83,18 +85,6 @@ DEFAULTS = {  # questions, group, tokens, turns, repeats
     "tiny": (4, 8, 64, 2, 5),
     "cuda": (4, 8, 256, 2, 3),
 }
-
-
-class Timer:
-    """Seconds and calls summed over threads."""
-
-    def __init__(self) -> None:
-        self.seconds, self.calls, self._lock = 0.0, 0, threading.Lock()
-
-    def add(self, seconds: float) -> None:
-        with self._lock:
-            self.seconds += seconds
-            self.calls += 1
 
 
 def scripted_engine(timer: Timer) -> ScriptedChatModel:
@@ -163,10 +153,12 @@ VARIANTS = {  # the flow's arms: what each turns off of the default flow
     "flow_static_batch": {"continuous": False},
     "flow_one_turn": {"turns": 1},
 }
-"""`flow` is the flow as training runs it. `flow_no_prefix_sharing` reads every row's prompt
-whole, as TRL does (no group prefix read once). `flow_static_batch` decodes a static batch, as
-`generate` does (no call joins a running batch). `flow_one_turn` stops each rollout after the
-planner's first turn, TRL's one generation a prompt."""
+WHAT = {
+    "flow": "the flow as training runs it",
+    "flow_no_prefix_sharing": "the flow reading every prompt whole (no group prefix read once)",
+    "flow_static_batch": "the flow decoding static batches (no call joins a running batch)",
+    "flow_one_turn": "the flow stopped after the planner's first turn (TRL's one generation)",
+}
 
 
 class FlowArm:
@@ -209,11 +201,6 @@ class FlowArm:
         )
         figures["repeats"] = [run[0]["completion_tokens_per_second"] for run in self.runs]
         return figures, trajectories
-
-
-def middle(runs: list[Any], key: Any) -> Any:
-    """The median repeat by `key` (the upper of the two middle ones for an even count)."""
-    return sorted(runs, key=key)[len(runs) // 2]
 
 
 def one_flow(
@@ -423,6 +410,21 @@ def breakdown(flow: dict, update: dict | None) -> list[str]:
     return lines
 
 
+def headlines(args: argparse.Namespace, over_trl: dict[str, Any]) -> list[dict[str, Any]]:
+    """The published figures: each flow arm's tokens/s over TRL's, pair by pair."""
+    batch = f"{args.questions} x {args.group} rollouts, {args.tokens} tokens a call"
+    return [
+        headline(
+            f"rollout tokens/s, {variant.replace('_', ' ')} over TRL",
+            summary,
+            "x",
+            f"{WHAT[variant]} vs TRL's GRPOTrainer generation on the same first-turn prompts, "
+            f"{batch}, {args.model_name}",
+        )
+        for variant, summary in over_trl.items()
+    ]
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
@@ -576,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             report.say(f"update: {update['seconds']:.2f} s")
             report.save()
         report.data["flow_over_trl_tokens_per_second"] = over_trl["flow"]["median"]
+        report.data["headlines"] = headlines(args, over_trl)
         for line in breakdown(flow, update):
             report.say(line)
         report.say(figure_line("flow_over_trl_tokens_per_second", over_trl["flow"]))

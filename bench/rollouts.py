@@ -43,6 +43,7 @@ from measure import (
     alternate,
     check_repeats,
     figure_line,
+    headline,
     provenance,
     ratios,
     spread,
@@ -277,6 +278,33 @@ def compare(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def headlines(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The published figures: batching's speed-up on equal work, and what sharing adds."""
+    settings = result["settings"]
+    what = (
+        f"{settings['flows']} flows ({settings['group']} a question, planner at T="
+        f"{settings['planner_temperature']}, {settings['tokens_per_call']} tokens a call), "
+        f"{result['model']}"
+    )
+    shared = result["shared_calls_per_sharing_run"]
+    return [
+        headline(
+            "rollouts, batched over one at a time",
+            result["batched_over_sequential"],
+            "x",
+            f"{what}: all in flight with batched decoding vs one at a time, the same calls "
+            f"decoded in both (no call shared: {result['shared_calls_headline_arms']})",
+        ),
+        headline(
+            "rollouts, sharing identical greedy calls",
+            result["sharing_over_batched"],
+            "x",
+            f"{what}: batched with identical greedy engine calls shared ({min(shared)}-"
+            f"{max(shared)} of a repeat's calls) vs batched without",
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     policy = load(args)
@@ -294,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     result |= compare(policy, args)
+    result["headlines"] = headlines(result)
     write_result(args.out, result)
     headline, sharing = result["batched_over_sequential"], result["sharing_over_batched"]
     print(

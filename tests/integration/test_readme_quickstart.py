@@ -18,6 +18,7 @@ pytestmark = [
     ),
 ]
 README = Path(__file__).parents[2] / "README.md"
+WRITTEN_MB = 20  # the README's "under 20 MB written"
 
 
 def quickstart() -> str:
@@ -40,6 +41,13 @@ def test_the_readme_quickstart_trains_and_saves_a_runnable_policy(
     assert [r["step"] for r in records] == [1]
     record = json.loads((out / "final" / "flowlearn_prompts.json").read_text())
     assert record == {"prompts": "smollm2", "engine": "default-base"}  # served as trained
+    # what the README says it writes: a LoRA adapter, no checkpoint, a few MB in all
+    final = {path.name for path in (out / "final").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= final, final
+    assert "model.safetensors" not in final  # not a full copy of the model
+    assert not list(out.glob("checkpoint-*"))
+    written = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())
+    assert written < WRITTEN_MB * 2**20, f"{written / 2**20:.1f} MB written"
 
     from flowlearn.cli import main
 
