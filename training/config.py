@@ -299,7 +299,12 @@ class FlowGRPOConfig(GRPOConfig):
 def context_from(
     args: GRPOConfig, *, max_turns: int = 3, tools: Sequence[str] | None = None
 ) -> Context:
-    """Return a run context whose planner samples with TRL's `temperature`, `top_p` and length."""
+    """Return a run context whose planner samples with TRL's `temperature`, `top_p` and length.
+
+    TRL's `seed` seeds the rollouts too: every sampled planner call draws from a seed derived
+    from it, the step, the rollout, the question and the turn (`Rollouts.run`), so a run
+    repeats with its seed and a resumed step draws as it first did.
+    """
     return Context(
         max_turns=max_turns,
         planner_temperature=args.temperature,
@@ -307,6 +312,7 @@ def context_from(
         planner_max_new_tokens=args.max_completion_length or 512,
         tools=tuple(tools) if tools else None,
         query_analysis=getattr(args, "query_analysis", None),
+        seed=args.seed,
     )
 
 

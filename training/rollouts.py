@@ -320,6 +320,8 @@ class Rollouts:
         """
         concurrency = step_concurrency(self.concurrency, len(cases), group_size)
         live = batched(policy, concurrency)
+        if context.seed is not None:  # each step draws afresh; a rerun or resume draws alike
+            context = dataclasses.replace(context, seed=step_seed(context.seed, step))
         trajectories = collect(
             self.graph_factory(live),
             cases,
@@ -337,6 +339,16 @@ class Rollouts:
             if self.reward_errors == "drop" and trajectory.reward_error is not None:
                 trajectory.metadata[DROPPED] = f"reward error: {trajectory.reward_error}"
         return trajectories
+
+
+STEP_SEED_STRIDE = 1_000_003
+"""Step t of a seeded run rolls out under `seed + t * STEP_SEED_STRIDE` (rollout k adds k), so
+no two (step, rollout) pairs of a group share a seed while G stays below the stride."""
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Return the seed of a training step's rollouts."""
+    return seed + step * STEP_SEED_STRIDE
 
 
 def batched(policy: Any, concurrency: int) -> Any:

@@ -17,8 +17,9 @@ pretrained tokenizer). Measured greedy under the training's prompt (two turns): 
 first tool is the right one (chance 0.5) and the success; success at one turn is printed.
 
 It trains for at most 60 steps and stops once, for three steps, the training reward has stayed
-at 0.95 or more and the rollouts averaged at most 1.12 turns. The sampling is not seeded, so
-runs differ. What it took:
+at 0.95 or more and the rollouts averaged at most 1.12 turns. Every sampled call is seeded from
+`SEED` (a failure prints it; `FLOWLEARN_TEST_SEED` reruns with another). Runs 1-8 and the CI
+runs below were unseeded. What it took:
 - The first version's settings carried over unchanged (`learning.warmup`; balanced steps of 16
   questions x 8 rollouts, KL beta 0.04, Adam epsilon 1e-5, 5 warm-up steps of the learning
   rate): see that record below. Added: two turns, filler words (budget 32 new tokens), an
@@ -88,6 +89,7 @@ tool for every question, with no variance to learn from.
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -129,7 +131,10 @@ pytestmark = pytest.mark.slow  # minutes of training on 2 CPU cores
 PROMPTS = SMOLLM2_PROMPTS
 """The toy learns under the tool-name-first, prefilled planner prompt (see the docstring's CI
 run: sampled filler before a tool name did not end greedily), which is this preset's."""
-SEED = 0
+SEED = int(os.environ.get("FLOWLEARN_TEST_SEED", "0"))
+"""Seeds the tokenizer's texts, the model's weights, the warm-up and every sampled planner call
+of the rollouts (the trainer's context carries it; each call derives its own from it, the step,
+the rollout, the question and the turn). A failure prints it; `FLOWLEARN_TEST_SEED=N` reruns."""
 STEPS = 60
 MAX_TURNS = 2
 MAX_NEW_TOKENS = 32
@@ -282,7 +287,10 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
         scorer=scorer,
         cases=train_cases,
         context=Context(
-            max_turns=MAX_TURNS, planner_temperature=1.0, planner_max_new_tokens=MAX_NEW_TOKENS
+            max_turns=MAX_TURNS,
+            planner_temperature=1.0,
+            planner_max_new_tokens=MAX_NEW_TOKENS,
+            seed=SEED,
         ),
         processing_class=tokenizer,
         extra_rewards={"turns": turn_cost()},
@@ -297,6 +305,7 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     curve = [round(h["flow/mean_reward"], 3) for h in logs]
     turns = [round(h["flow/mean_turns"], 3) for h in logs]
     report = (
+        f"seed {SEED} (rerun: FLOWLEARN_TEST_SEED={SEED} pytest {__file__}); "
         f"held-out success (1 turn) {before:.2f} -> {after:.2f}, (2 turns) {before_2:.2f} -> "
         f"{after_2:.2f}; right first tool (2 turns) {first_before:.2f} -> {first_after:.2f}; "
         f"{len(curve)} steps; reward curve {curve}; mean turns {turns}; "
@@ -306,6 +315,11 @@ def test_flow_grpo_raises_held_out_success_from_chance(tmp_path: Path) -> None:
     rollouts = sum(shapes.turns.values())
     assert shapes.turns[1] >= 0.05 * rollouts and shapes.turns[2] >= 0.05 * rollouts, report
     assert len(shapes.lengths) >= 4, report  # completions of varied lengths
-    assert first_after >= 0.9 and after_2 >= 0.9, report
-    assert sum(turns[:5]) / 5 > sum(turns[-5:]) / 5 + 0.2, report  # the right tool first
-    assert sum(curve[-5:]) / 5 > sum(curve[:5]) / 5 + 0.1, report  # the training reward rose
+    # Each bound beside the chance it beats: a random first tool is right half the time, and
+    # succeeds at two turns three times in four (the second try repairs half the misses).
+    assert first_after >= 0.9, f"right first tool {first_after:.2f} (chance 0.5): {report}"
+    assert after_2 >= 0.9, f"success at two turns {after_2:.2f} (chance 0.75): {report}"
+    # the right tool first: mean turns fall from about 1.5 (chance) by more than 0.2
+    assert sum(turns[:5]) / 5 > sum(turns[-5:]) / 5 + 0.2, report
+    # the training reward rose (chance, with the second turn's cost, about 0.62)
+    assert sum(curve[-5:]) / 5 > sum(curve[:5]) / 5 + 0.1, report
