@@ -27,24 +27,32 @@ MIN_REPEATS = 3
 
 
 def provenance(script: str, argv: list[str] | None = None) -> dict[str, Any]:
-    """The commit, command line, date and machine (cores, load average now) of this run."""
+    """The commit, command line, date and machine (cores, load average now) of this run.
+
+    A run from a tree with changes beside the commit is marked `+uncommitted`, and the changed
+    files are listed; the results and docs the benches themselves rewrite do not count.
+    """
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        commit, dirty = "", ""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        except OSError:
+            return ""
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    changed = [
+        line[3:]
+        for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
+        if not line[3:].startswith("bench/results/") and not line.endswith(".md")
+    ]
     import torch
 
     cuda = torch.cuda.is_available()
     return {
-        "commit": (commit or "unknown") + ("+uncommitted" if dirty else ""),
+        "commit": (commit or "unknown") + ("+uncommitted" if changed else ""),
+        "uncommitted_files": changed,
         "command": " ".join(["python", f"bench/{script}", *argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {

@@ -8,34 +8,27 @@ same completion budget and sampling (temperature 1, no top-p or top-k), and the 
 TRL's are the planner's first-turn prompts exactly as the flow rendered them (their token ids,
 decoded with their special tokens), under the AgentFlow prompt set (`AGENTFLOW_PROMPTS`).
 
-1. The flow arm: Q x G rollouts of the AgentFlow graph at once (`collect`, one thread each)
-   with the planner batched by `BatchingPolicy` (batch capacity Q x G, as TRL's), a scripted
-   engine (timed; instant) and the `python` tool (timed; a subprocess, unisolated, running
-   `print(1)`). Its tokens are the planner's completion tokens, every turn; its seconds the
-   rollouts' wall time. The engine's `DecodeStats` say where the batching worker's time went.
-   One untimed batch warms it up first; its first planner prompts become TRL's prompts.
-2. TRL's arm: `GRPOTrainer._generate` (TRL's generation path: tokenize, `generate`, EOS mask)
-   on the same prompts, each repeated G times, after one untimed batch; no update. Its tokens
-   are the completions' ids up to and with the first EOS, counted as the flow counts its own.
-3. The update: one offline Flow-GRPO update on the flow's median repeat (`--no-update` skips
-   it).
-
+1. The flow: Q x G rollouts of the AgentFlow graph at once, the planner batched by
+   `BatchingPolicy` (capacity Q x G, as TRL's), a scripted engine and the `python` tool (both
+   timed; instant and `print(1)`). Its tokens are the planner's, every turn; its seconds the
+   rollouts' wall time; `DecodeStats` say where the worker's time went. Its warm-up batch's
+   first planner prompts become TRL's prompts.
+2. TRL: `GRPOTrainer._generate` (tokenize, `generate`, EOS mask) on those prompts, each G
+   times; its tokens are the completions' ids up to and with the first EOS.
+3. The update: one offline Flow-GRPO update on the flow's median repeat (`--no-update`: none).
 Where the ratio comes from: the flow reads a prompt prefix shared by a group once, decodes
-continuously (a finished row leaves, a waiting call joins), and runs up to `--turns` planner
-turns where TRL runs one. Each has an arm of its own that turns it off (`--arms`, default all):
-`flow_no_prefix_sharing`, `flow_static_batch` and `flow_one_turn`, each reported as its own
-ratio over TRL, so the docs can say how much of the headline each source gives.
+continuously, and runs up to `--turns` planner turns to TRL's one. Each source has an arm that
+turns it off (`--arms`, default all); each arm's ratio over TRL and the flow's over it (what
+the source gives) are reported, pair by pair. The flow's planner stops at the end of its tool
+line (its stop strings), TRL's at EOS or the budget; every flow repeat draws with seed 0.
 
 After an untimed warm-up of every arm, the arms run `--repeats` times (tiny 5, cpu and cuda 3),
-taking turns (flow, TRL, the variants; the order reversed every other repeat; each arm on its
-own copy of the weights), so that a stretch when the machine is busier slows all arms rather
-than one. Every figure is the median of the pair ratios (an arm's tokens/s over TRL's in the
-same repeat) with their min-max range; every repeat's tokens/s is kept. The tiny arms take
-under a second each, where one stall of the machine moves a single measurement by a tenth.
+taking turns (flow, TRL, the variants; the order reversed every other repeat; TRL on its own
+copy of the weights), so that a busier stretch of the machine slows all arms rather than one.
+Every figure is the median of the pair ratios with their min-max range; every repeat is kept.
 
-Results go to bench/results/rollout_speed_<machine>[_tiny].json and a .txt of the report, with
-the commit, command line and machine (cores, load average at the start), rewritten as each arm
-ends (a timeout keeps what finished). The last line printed is
+Results (with the commit, command line and machine) go to
+bench/results/rollout_speed_<machine>[_tiny].json and .txt, rewritten as each arm ends. Last line:
 `flow_over_trl_tokens_per_second=<median> pairs=<n> range=<min>-<max>`.
 """
 
@@ -410,18 +403,30 @@ def breakdown(flow: dict, update: dict | None) -> list[str]:
     return lines
 
 
-def headlines(args: argparse.Namespace, over_trl: dict[str, Any]) -> list[dict[str, Any]]:
-    """The published figures: each flow arm's tokens/s over TRL's, pair by pair."""
+def headlines(args: argparse.Namespace, speeds: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """The published figures: each flow arm's tokens/s over TRL's, and the flow's over each
+    arm that turns one source off (what that source gives), pair by pair in each repeat."""
     batch = f"{args.questions} x {args.group} rollouts, {args.tokens} tokens a call"
-    return [
+    arms = [name for name in speeds if name != "trl"]
+    found = [
         headline(
-            f"rollout tokens/s, {variant.replace('_', ' ')} over TRL",
-            summary,
+            f"rollout tokens/s, {arm.replace('_', ' ')} over TRL",
+            ratios(speeds[arm], speeds["trl"]),
             "x",
-            f"{WHAT[variant]} vs TRL's GRPOTrainer generation on the same first-turn prompts, "
+            f"{WHAT[arm]} vs TRL's GRPOTrainer generation on the same first-turn prompts, "
             f"{batch}, {args.model_name}",
         )
-        for variant, summary in over_trl.items()
+        for arm in arms
+    ]
+    return found + [
+        headline(
+            f"rollout tokens/s, flow over {arm.replace('_', ' ')}",
+            ratios(speeds["flow"], speeds[arm]),
+            "x",
+            f"the flow vs {WHAT[arm]}: what that source gives, {batch}, {args.model_name}",
+        )
+        for arm in arms
+        if arm != "flow"
     ]
 
 
@@ -578,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             report.say(f"update: {update['seconds']:.2f} s")
             report.save()
         report.data["flow_over_trl_tokens_per_second"] = over_trl["flow"]["median"]
-        report.data["headlines"] = headlines(args, over_trl)
+        report.data["headlines"] = headlines(args, speeds)
         for line in breakdown(flow, update):
             report.say(line)
         report.say(figure_line("flow_over_trl_tokens_per_second", over_trl["flow"]))

@@ -129,12 +129,6 @@ class Arm:
             if batching
             else self.policy
         )
-        # every call's budget is the bench's: the engine roles' own (up to 1,024 tokens) would
-        # otherwise run a model that never ends its replies, a random one, to them
-        tokens = self.args.tokens
-        engine = HFChatModel(policy=policy, max_new_tokens=tokens, fixed_max_new_tokens=tokens)
-        graph = build_agentflow(policy, engine, default_tools(engine), prompts=AGENTFLOW_PROMPTS)
-        probe = ForwardProbe(self.policy.handle.model)
         delivered: list[int] = []  # completion tokens of each call, as its caller got them
         decode = policy.generate
 
@@ -143,7 +137,15 @@ class Arm:
             delivered.append(len(generation.completion_ids))
             return generation
 
-        policy.generate = counted  # type: ignore[method-assign]  # this instance, this run
+        # on this instance, for this run, before the graph is built: the planner binds
+        # `policy.generate` when it is built, the engine looks it up at each call
+        policy.generate = counted  # type: ignore[method-assign]
+        # every call's budget is the bench's: the engine roles' own (up to 1,024 tokens) would
+        # otherwise run a model that never ends its replies, a random one, to them
+        tokens = self.args.tokens
+        engine = HFChatModel(policy=policy, max_new_tokens=tokens, fixed_max_new_tokens=tokens)
+        graph = build_agentflow(policy, engine, default_tools(engine), prompts=AGENTFLOW_PROMPTS)
+        probe = ForwardProbe(self.policy.handle.model)
         began = time.perf_counter()
         try:
             trajectories = collect(
@@ -158,7 +160,7 @@ class Arm:
         finally:
             seconds = time.perf_counter() - began
             probe.remove()
-            del policy.generate
+            del policy.generate  # type: ignore[method-assign]
             if isinstance(policy, BatchingPolicy):
                 policy.close()
         planner = [t for r in trajectories for t in r.transitions if t["node"] == "planner"]

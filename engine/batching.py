@@ -17,10 +17,9 @@ asks it the same query analysis at the same moment, and the same executor, verif
 generator prompts whenever the rollouts' plans agree. Greedy decoding of one prompt gives one
 completion, so `BatchingPolicy` decodes such a call once (the first to arrive, the leader) and
 hands a copy of its generation, and its stop watch's verdict, to the calls that joined it.
-Measured with `bench/shared_calls.py` (the first round of examples/learn_tools.yaml: 2
-questions x G=8, one turn, 2 CPU cores): 23 of the 64 engine calls shared, the engine's replies
-the same in all 16 rollouts, rollouts 1.10x as fast (162 s against 178 s). The gain is smaller
-than the calls saved, since on CPU a batch of 16 rows decodes in little more time than one of 2.
+`bench/rollouts.py` measures what it saves apart from batching (its `batched_sharing` arm, with
+the count of calls shared; docs/performance.md). The gain is smaller than the calls saved, since
+on CPU a batch of many rows decodes in little more time than one of a few.
 
 Sampled calls (temperature above 0) are never shared: each is its own draw.
 """
@@ -176,7 +175,7 @@ class BatchingPolicy:
         min_shared_prefix: when a group of prompts shares at least this many leading tokens,
             that prefix is read once and its KV cache shared by every row of the group.
         share_greedy_calls: a greedy call identical to one in flight gets a copy of its
-            result instead of a row of its own (`SharedCalls`; bench/shared_calls.py).
+            result instead of a row of its own (`SharedCalls`; bench/rollouts.py measures it).
         continuous: requests join the running batch at the next decoding step. False decodes
             a static batch, as `generate` does: calls that arrive while a batch runs wait until
             its every row is done (bench/rollout_speed.py measures what continuity gives).

@@ -10,6 +10,7 @@ questions TRL sampled.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 import uuid
@@ -321,7 +322,7 @@ class Rollouts:
         concurrency = step_concurrency(self.concurrency, len(cases), group_size)
         live = batched(policy, concurrency)
         if context.seed is not None:  # each step draws afresh; a rerun or resume draws alike
-            context = dataclasses.replace(context, seed=step_seed(context.seed, step))
+            context = dataclasses.replace(context, seed=step_seed(context.seed, step, rank))
         trajectories = collect(
             self.graph_factory(live),
             cases,
@@ -341,14 +342,15 @@ class Rollouts:
         return trajectories
 
 
-STEP_SEED_STRIDE = 1_000_003
-"""Step t of a seeded run rolls out under `seed + t * STEP_SEED_STRIDE` (rollout k adds k), so
-no two (step, rollout) pairs of a group share a seed while G stays below the stride."""
+def step_seed(seed: int, step: int, rank: int = 0) -> int:
+    """Return the seed of a training step's rollouts on one process (`rank`).
 
-
-def step_seed(seed: int, step: int) -> int:
-    """Return the seed of a training step's rollouts."""
-    return seed + step * STEP_SEED_STRIDE
+    A blake2b digest of the three, as `Sampling.for_call` derives a call's seed (the same in
+    every process, unlike Python's salted `hash`): each step and rank draws afresh, and rollout k
+    adds k, so no two (step, rank, rollout) of a group share a seed but by a 2**-62 chance.
+    """
+    digest = hashlib.blake2b(f"{seed}:{step}:{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 2
 
 
 def batched(policy: Any, concurrency: int) -> Any:

@@ -97,12 +97,18 @@ def test_the_rollouts_bench_decodes_the_same_work_in_its_headline_arms(tmp_path:
     assert tokens["sequential"] == tokens["batched"] == tokens["batched_sharing"], tokens
     calls = [run["calls"] for run in report["batched"]["repeats"]]
     assert calls == [run["calls"] for run in report["sequential"]["repeats"]]  # the same work
+    planner = [run["planner_calls"] for run in report["batched"]["repeats"]]
+    assert min(calls) > min(planner) > 0  # the planner's calls counted with the engine's
+    rows = report["decoding_forward_rows"]
+    assert rows["sequential"] == rows["batched"], rows  # every token decoded in both
     assert all(report["same_planner_completions_in_headline_arms"])
     sharing = next(line for line in lines if line.startswith("sharing_over_batched="))
     assert "pairs=3" in sharing
-    assert min(report["shared_calls_per_sharing_run"]) > 0  # the engine's analysis, shared
-    rows = report["decoding_forward_rows"]
-    assert rows["batched_sharing"][0] < rows["batched"][0]  # the shared calls were not decoded
+    # a shared call is not decoded: fewer rows by what was shared (its count may be 0 on a
+    # machine too slow for the group's analysis calls to meet in flight)
+    shared_runs = report["shared_calls_per_sharing_run"]
+    for shared, decoded in zip(shared_runs, rows["batched_sharing"], strict=True):
+        assert (decoded < rows["batched"][0]) == (shared > 0)
 
 
 @pytest.mark.slow

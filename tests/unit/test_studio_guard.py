@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("starlette", reason="the studio extra brings starlette")
+pytest.importorskip("starlette", reason="starlette is not installed (the studio extra brings it)")
 
 from starlette.applications import Starlette
 from starlette.requests import Request

@@ -207,5 +207,8 @@ def test_trls_seed_seeds_the_rollouts_so_a_run_repeats(
 def test_each_step_of_a_seeded_run_draws_afresh() -> None:
     from flowlearn.training.rollouts import step_seed
 
-    seeds = {step_seed(5, step) + k for step in range(200) for k in range(64)}
-    assert len(seeds) == 200 * 64  # no (step, rollout) pair of a group shares a seed
+    seeds = {
+        step_seed(5, step, rank) + k for step in range(200) for rank in (0, 1) for k in range(64)
+    }
+    assert len(seeds) == 200 * 2 * 64  # no (step, rank, rollout) of a group shares a seed
+    assert step_seed(5, 3, 1) == step_seed(5, 3, 1) != step_seed(6, 3, 1)
