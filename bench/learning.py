@@ -38,52 +38,59 @@ from measure import RESULTS, provenance, write_result
 
 from flowlearn.evals.tool_task import TEST_CORPUS_FILE, TEST_FILE, TEST_SHA256
 
-UNTRAINED = {
-    "untrained, smollm2 prompts, analysis off": ("default-base", "smollm2", False),
-    "untrained, smollm2 prompts, analysis on": ("default-base", "smollm2", True),
-    "untrained, agentflow prompts, analysis on": ("default-base", "agentflow", True),
-    "untrained, agentflow prompts, analysis off": ("default-base", "agentflow", False),
+BASE, TRAINED = "default-base", "default"
+UNTRAINED = {  # key: (name, (planner, prompt set, query analysis))
+    "base-smollm2-off": ("untrained, smollm2 prompts, analysis off", (BASE, "smollm2", False)),
+    "base-smollm2-on": ("untrained, smollm2 prompts, analysis on", (BASE, "smollm2", True)),
+    "base-agentflow-on": ("untrained, agentflow prompts, analysis on", (BASE, "agentflow", True)),
+    "base-agentflow-off": (
+        "untrained, agentflow prompts, analysis off",
+        (BASE, "agentflow", False),
+    ),
 }
 SHIPPED = {
-    "shipped, its defaults (smollm2 prompts, analysis off)": ("default", "smollm2", False),
-    "shipped, analysis on": ("default", "smollm2", True),
+    "shipped": (
+        "shipped, its defaults (smollm2 prompts, analysis off)",
+        (TRAINED, "smollm2", False),
+    ),
+    "shipped-analysis-on": ("shipped, analysis on", (TRAINED, "smollm2", True)),
 }
-HEADLINE = next(iter(SHIPPED))
+CONFIGS = {**UNTRAINED, **SHIPPED}
+HEADLINE = "shipped"
 BOOTSTRAP = 4000
 
 
-def eval_run(
-    work: Path, name: str, setting: tuple[str, str, bool], seed: int | None, limit: int | None
-) -> dict[str, float]:
-    """One `flowlearn eval` run (resumed if its folder holds results); per-question scores."""
-    planner, prompts, analysis = setting
-    slug = name.replace(", ", "-").replace(" ", "_").replace("(", "").replace(")", "")
-    out = work / f"{slug}-{'greedy' if seed is None else f'seed{seed}'}"
+def folder(work: Path, key: str, seed: int | None) -> Path:
+    return work / f"{key}-{'greedy' if seed is None else f'seed{seed}'}"
+
+
+def finished(work: Path, key: str, seed: int | None, cases: int) -> dict[str, float] | None:
+    """A finished run's per-question scores, or None (absent, or cut short)."""
+    results = folder(work, key, seed) / "results.jsonl"
+    if not results.is_file():
+        return None
+    scores = {}
+    for line in results.read_text().splitlines():
+        row = json.loads(line)
+        scores[row["id"]] = float(row["score"])
+    return scores if len(scores) == cases else None
+
+
+def eval_run(work: Path, key: str, seed: int | None, limit: int | None) -> None:
+    """One `flowlearn eval` run at the configuration's defaults (resumed if it was cut short)."""
+    planner, prompts, analysis = CONFIGS[key][1]
+    out = folder(work, key, seed)
     command = [sys.executable, "-m", "flowlearn", "eval", "--data", str(TEST_FILE)]
     command += ["--scorer", "exact_match", "--corpus", str(TEST_CORPUS_FILE)]
-    command += [
-        "--concurrency",
-        "16",
-        "--planner",
-        planner,
-        "--prompts",
-        prompts,
-        "--out",
-        str(out),
-    ]
+    command += ["--concurrency", "16", "--planner", planner, "--prompts", prompts]
+    command += ["--out", str(out)]
     command += ["--query-analysis" if analysis else "--no-query-analysis"]
     command += ["--temperature", "0"] if seed is None else ["--temperature", "0.7"]
     command += [] if seed is None else ["--seed", str(seed)]
     command += [] if limit is None else ["--limit", str(limit)]
     began = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    scores = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        scores[row["id"]] = float(row["score"])
-    print(f"  {out.name}: {100 * statistics.mean(scores.values()):.1f}% "
-          f"({time.perf_counter() - began:.0f} s)", flush=True)  # fmt: skip
-    return scores
+    print(f"  {out.name}: {time.perf_counter() - began:.0f} s", flush=True)
 
 
 def wilson(successes: float, n: int, z: float = 1.96) -> list[float]:
@@ -127,8 +134,19 @@ def gain(trained: dict[str, float], baseline: dict[str, float]) -> dict[str, Any
     return {"points": round(100 * statistics.mean(differences), 1), "ci95": bootstrap(differences)}
 
 
+def keys(text: str) -> list[str]:
+    found = [key.strip() for key in text.split(",") if key.strip()]
+    unknown = sorted(set(found) - set(CONFIGS))
+    if unknown:
+        raise SystemExit(f"unknown configurations {unknown}; the keys are {', '.join(CONFIGS)}")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    every = ",".join(CONFIGS)
+    parser.add_argument("--greedy", default=every, help=f"configurations run greedy ({every})")
+    parser.add_argument("--sampled", default=every, help="configurations run sampled (all)")
     parser.add_argument("--seeds", type=int, default=3, help="sampled runs per configuration (3)")
     parser.add_argument("--limit", type=int, help="the first N test questions (a smoke run)")
     parser.add_argument("--work", type=Path, default=Path("runs/bench-learning"))
@@ -139,41 +157,65 @@ def main(argv: list[str] | None = None) -> int:
     digest = hashlib.sha256(TEST_FILE.read_bytes()).hexdigest()
     if digest != TEST_SHA256:
         raise SystemExit(f"{TEST_FILE} changed since it was recorded: it is no longer held out")
+    seeds = list(range(1, args.seeds + 1))
+    cases = args.limit or sum(1 for _ in TEST_FILE.open())
+    plan = [(key, None) for key in keys(args.greedy)]
+    plan += [(key, seed) for key in keys(args.sampled) for seed in seeds]
+    for key, seed in plan:
+        if finished(args.work, key, seed, cases) is None:
+            print(f"{CONFIGS[key][0]}, {'greedy' if seed is None else f'seed {seed}'} ...")
+            eval_run(args.work, key, seed, args.limit)
     result: dict[str, Any] = provenance("learning.py", argv) | {
         "kind": "learning",
         "split": {"file": str(TEST_FILE.relative_to(RESULTS.parents[1])), "sha256": digest},
         "settings": {"seeds": args.seeds, "temperature": 0.7, "max_turns": 10, "limit": args.limit},
+        "cases": cases,
         "configurations": {},
+        "not_measured": [],
     }
-    seeds = list(range(1, args.seeds + 1))
-    scores: dict[str, dict[str, Any]] = {}
-    for name, setting in {**UNTRAINED, **SHIPPED}.items():
-        print(f"{name}: greedy and {len(seeds)} sampled runs ...", flush=True)
-        greedy = eval_run(args.work, name, setting, None, args.limit)
-        sampled = [eval_run(args.work, name, setting, seed, args.limit) for seed in seeds]
-        scores[name] = {"greedy": greedy, "sampled": sampled}
-        planner, prompts, analysis = setting
-        result["configurations"][name] = {
+    for key, (name, (planner, prompts, analysis)) in CONFIGS.items():
+        greedy = finished(args.work, key, None, cases)
+        sampled = [finished(args.work, key, seed, cases) for seed in seeds]
+        entry: dict[str, Any] = {
+            "key": key,
             "planner": planner,
             "prompts": prompts,
             "query_analysis": analysis,
-            "greedy": summary([greedy], greedy=True),
-            "sampled": summary(sampled, greedy=False),
-            "per_question": {"greedy": greedy, "sampled": per_question(sampled)},
+            "per_question": {},
         }
-        write_result(args.out, result)  # what finished, should a later run fail
+        if greedy is not None:
+            entry["greedy"] = summary([greedy], greedy=True)
+            entry["per_question"]["greedy"] = greedy
+        if all(run is not None for run in sampled):
+            runs = [run for run in sampled if run is not None]
+            entry["sampled"] = summary(runs, greedy=False)
+            entry["per_question"]["sampled"] = per_question(runs)
+        result["not_measured"] += [
+            f"{name}, {decoding}" for decoding in ("greedy", "sampled") if decoding not in entry
+        ]
+        result["configurations"][name] = entry
     configurations = result["configurations"]
-    result["cases"] = len(scores[HEADLINE]["greedy"])
+    head = CONFIGS[HEADLINE][0]
     for decoding in ("greedy", "sampled"):
-        strongest = max(UNTRAINED, key=lambda name: configurations[name][decoding]["accuracy"])
-        trained = configurations[HEADLINE]["per_question"][decoding]
+        measured = [CONFIGS[k][0] for k in UNTRAINED if decoding in configurations[CONFIGS[k][0]]]
+        if decoding not in configurations[head] or not measured:
+            continue
+        strongest = max(measured, key=lambda name: configurations[name][decoding]["accuracy"])
+        trained = configurations[head]["per_question"][decoding]
         baseline = configurations[strongest]["per_question"][decoding]
-        result[f"gain_{decoding}"] = {"over": strongest, **gain(trained, baseline)}
+        result[f"gain_{decoding}"] = {
+            "over": strongest,
+            "untrained_measured": measured,
+            **gain(trained, baseline),
+        }
     write_result(args.out, result)
     for decoding in ("greedy", "sampled"):
-        found = result[f"gain_{decoding}"]
-        print(f"{decoding}: shipped over '{found['over']}': {found['points']:+.1f} points "
-              f"(95% CI {found['ci95'][0]:+.1f} to {found['ci95'][1]:+.1f})")  # fmt: skip
+        if f"gain_{decoding}" in result:
+            found = result[f"gain_{decoding}"]
+            print(f"{decoding}: shipped over '{found['over']}': {found['points']:+.1f} points "
+                  f"(95% CI {found['ci95'][0]:+.1f} to {found['ci95'][1]:+.1f})")  # fmt: skip
+    if result["not_measured"]:
+        print("not measured yet: " + "; ".join(result["not_measured"]))
     return 0
 
 

@@ -89,43 +89,47 @@ def learning(name: str) -> str:
     if not path.is_file():
         raise SystemExit(f"{path}: no such result; run bench/learning.py (make bench-learning)")
     data = json.loads(path.read_text())
-    if "gain_sampled" not in data:
-        raise SystemExit(f"{path}: unfinished (no gains); rerun bench/learning.py")
+    if "gain_greedy" not in data:
+        raise SystemExit(f"{path}: no gain measured yet; run bench/learning.py")
     if data["settings"].get("limit") is not None:
         raise SystemExit(f"{path}: a --limit smoke run, not a figure; rerun bench/learning.py")
-    shipped = data["configurations"]
-    head = next(name for name, c in shipped.items() if c["planner"] == "default")
-    seeds = data["settings"]["seeds"]
+    configurations = data["configurations"]
+    head = next(name for name, c in configurations.items() if c["key"] == "shipped")
+    seeds, temperature = data["settings"]["seeds"], data["settings"]["temperature"]
 
     def gain(decoding: str) -> str:
-        found = data[f"gain_{decoding}"]
+        found = data.get(f"gain_{decoding}")
+        if found is None:
+            return "not measured yet"
         low, high = found["ci95"]
         points = f"**{found['points']:+.1f} points**"
         return f"{points} (95% CI {low:+.1f} to {high:+.1f}) over {found['over']}"
 
+    def cell(figures: dict[str, Any], decoding: str) -> str:
+        found = figures.get(decoding)
+        if found is None:
+            return "not measured yet"
+        low, high = found["ci95"]
+        return f"{found['accuracy']:.1f}% ({low:.1f}-{high:.1f})"
+
     lines = [
         f"On the tool task's test split ({data['cases']} questions no tuning read, "
-        f"`{data['split']['file']}`, SHA-256 `{data['split']['sha256'][:12]}…`), the shipped "
-        f"planner at its defaults against the strongest untrained configuration: greedy "
-        f"{gain('greedy')}; sampled at T={data['settings']['temperature']}, mean of {seeds} "
-        f"seeds, {gain('sampled')}. The strongest baseline is picked on this split after the "
-        "fact, which favours the baseline.",
+        f"`{data['split']['file']}`, SHA-256 `{data['split']['sha256'][:12]}`), the shipped "
+        f"planner at its defaults against the strongest untrained configuration measured: "
+        f"greedy {gain('greedy')}; sampled at T={temperature}, mean of {seeds} seeds, "
+        f"{gain('sampled')}. The strongest baseline is picked on this split after the fact, "
+        "which favours the baseline.",
         "",
-        f"| configuration | greedy | sampled (T={data['settings']['temperature']}, "
-        f"{seeds} seeds) |",
+        f"| configuration | greedy | sampled (T={temperature}, {seeds} seeds) |",
         "|---|---|---|",
     ]
-    for config, figures in shipped.items():
-        cells = []
-        for decoding in ("greedy", "sampled"):
-            found = figures[decoding]
-            low, high = found["ci95"]
-            cells.append(f"{found['accuracy']:.1f}% ({low:.1f}-{high:.1f})")
+    for config, figures in configurations.items():
         label = f"**{config}**" if config == head else config
-        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+        lines.append(f"| {label} | {cell(figures, 'greedy')} | {cell(figures, 'sampled')} |")
     lines.append(
-        f"\nAccuracy is exact match at `flowlearn eval`'s defaults (10 turns, the untrained "
-        f"engine), with a 95% interval (Wilson's greedy; a bootstrap over questions sampled); "
+        "\nAccuracy is exact match at `flowlearn eval`'s defaults (10 turns, the untrained "
+        "engine), with a 95% interval (Wilson's greedy; a bootstrap over questions sampled), "
+        "in percent; a gain's interval is a paired bootstrap over questions; "
         f"{machine(data)}, {data['date'][:10]}, commit `{data['commit'][:10]}`."
     )
     return "\n".join(lines) + "\n"

@@ -321,7 +321,7 @@ class Rollouts:
         """
         concurrency = step_concurrency(self.concurrency, len(cases), group_size)
         live = batched(policy, concurrency)
-        if context.seed is not None:  # each step draws afresh; a rerun or resume draws alike
+        if getattr(context, "seed", None) is not None:  # each step draws afresh; reruns alike
             context = dataclasses.replace(context, seed=step_seed(context.seed, step, rank))
         trajectories = collect(
             self.graph_factory(live),

