@@ -59,9 +59,7 @@ check: lint
 # bench/publish.py rewrites the figure tables of README.md and docs/performance.md from them.
 BENCHES := \
 	"rollouts.py" "rollouts.py --tiny" "rollout_speed.py" "rollout_speed.py --tiny" \
-	"update.py" "memory.py --arms model,stock,flow" \
-	"memory.py --micro 8,32 --per-device 4 --steps 3 --group 8 --prompt 64 --completion 32" \
-	"decode_step.py" "adapter_batches.py" "batches.py" "overhead.py" "local_search.py" \
+	"update.py" "decode_step.py" "adapter_batches.py" "batches.py" "overhead.py" "local_search.py" \
 	"retriever.py" "sandbox.py"
 
 bench: $(STAMP)
