@@ -103,7 +103,8 @@ def learning(name: str) -> str:
             return "not measured yet"
         low, high = found["ci95"]
         points = f"**{found['points']:+.1f} points**"
-        return f"{points} (95% CI {low:+.1f} to {high:+.1f}) over {found['over']}"
+        shown = "" if low > 0 else ", an interval that includes no gain"
+        return f"{points} (95% CI {low:+.1f} to {high:+.1f}{shown}) over {found['over']}"
 
     def cell(figures: dict[str, Any], decoding: str) -> str:
         found = figures.get(decoding)
