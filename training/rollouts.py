@@ -321,8 +321,9 @@ class Rollouts:
         """
         concurrency = step_concurrency(self.concurrency, len(cases), group_size)
         live = batched(policy, concurrency)
-        if getattr(context, "seed", None) is not None:  # each step draws afresh; reruns alike
-            context = dataclasses.replace(context, seed=step_seed(context.seed, step, rank))
+        seed = getattr(context, "seed", None)  # a test's stand-in may pass no context
+        if seed is not None:  # each step draws afresh; a rerun or resume draws alike
+            context = dataclasses.replace(context, seed=step_seed(seed, step, rank))
         trajectories = collect(
             self.graph_factory(live),
             cases,
