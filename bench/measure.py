@@ -39,9 +39,9 @@ def provenance(script: str, argv: list[str] | None = None) -> dict[str, Any]:
             done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
         except OSError:
             return ""
-        return done.stdout.strip()
+        return done.stdout  # unstripped: a status line starts with its two status columns
 
-    commit = git("rev-parse", "HEAD")
+    commit = git("rev-parse", "HEAD").strip()
     changed = [
         line[3:]
         for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
