@@ -54,7 +54,7 @@ test: lint typecheck imports
 check: lint
 	$(PY) -m pytest -q -m "not slow" --durations=10
 
-# Every published figure, rerun on this machine (CPU; about 40 minutes on 2 cores), one bench at a
+# Every published figure, rerun on this machine (CPU; about 22 minutes on 2 cores), one bench at a
 # time: each writes its file in bench/results/ (commit, command, machine, every repeat), then
 # bench/publish.py rewrites the figure tables of README.md and docs/performance.md from them.
 BENCHES := \
