@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import random
 import statistics
 import subprocess
@@ -36,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from measure import RESULTS, provenance, write_result
 
+from flowlearn.evals.harness import read_results
+from flowlearn.evals.reports import wilson_interval
 from flowlearn.evals.tool_task import TEST_CORPUS_FILE, TEST_FILE, TEST_SHA256
 
 BASE, TRAINED = "default-base", "default"
@@ -69,10 +70,7 @@ def finished(work: Path, key: str, seed: int | None, cases: int) -> dict[str, fl
     results = folder(work, key, seed) / "results.jsonl"
     if not results.is_file():
         return None
-    scores = {}
-    for line in results.read_text().splitlines():
-        row = json.loads(line)
-        scores[row["id"]] = float(row["score"])
+    scores = {row.id: float(row.score) for row in read_results(results)}  # torn lines skipped
     return scores if len(scores) == cases else None
 
 
@@ -91,14 +89,6 @@ def eval_run(work: Path, key: str, seed: int | None, limit: int | None) -> None:
     began = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     print(f"  {out.name}: {time.perf_counter() - began:.0f} s", flush=True)
-
-
-def wilson(successes: float, n: int, z: float = 1.96) -> list[float]:
-    """Wilson's 95% interval of a proportion, in points."""
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
-    return [round(100 * (centre - half), 1), round(100 * (centre + half), 1)]
 
 
 def bootstrap(values: list[float], seed: int = 0) -> list[float]:
@@ -121,7 +111,7 @@ def summary(runs: list[dict[str, float]], greedy: bool) -> dict[str, Any]:
     accuracy = statistics.mean(scores.values())
     return {
         "accuracy": round(100 * accuracy, 1),
-        "ci95": wilson(sum(scores.values()), len(scores))
+        "ci95": [round(100 * x, 1) for x in wilson_interval(sum(scores.values()), len(scores))]
         if greedy
         else bootstrap(list(scores.values())),
         "runs": [round(100 * statistics.mean(run.values()), 1) for run in runs],

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from flowlearn.files import write_text_atomically
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 MIN_REPEATS = 3
@@ -143,14 +145,8 @@ class Report:
         self.lines.append(line)
 
     def save(self) -> None:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        for path, text in (
-            (self.out, json.dumps(self.data, indent=2, default=str) + "\n"),
-            (self.out.with_suffix(".txt"), "\n".join(self.lines) + "\n"),
-        ):
-            partial = path.with_suffix(path.suffix + ".partial")
-            partial.write_text(text)
-            partial.replace(path)
+        write_result(self.out, self.data)
+        write_text_atomically(self.out.with_suffix(".txt"), "\n".join(self.lines) + "\n")
 
 
 def on_own_thread(work: Any) -> Any:
@@ -200,9 +196,7 @@ def middle(runs: list[Any], key: Any) -> Any:
 def write_result(path: Path, data: Mapping[str, Any]) -> None:
     """Write `data` as JSON to `path` atomically: a half-written file never replaces a whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    partial.replace(path)
+    write_text_atomically(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def headline(label: str, summary: Mapping[str, Any], unit: str, compared: str) -> dict[str, Any]:
