@@ -233,6 +233,32 @@ def test_prompts_of_two_kinds_are_read_as_two_groups_and_decoded_together(
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
 
 
+LONG_CALL = (PROMPTS[3], Sampling(temperature=0.0, max_new_tokens=300))
+# longer prompts than the long one: joining its batch left-pads it, leaving lets it be trimmed
+SHORT_CALLS = [(SHARED + p, Sampling(temperature=0.0, max_new_tokens=5)) for p in PROMPTS[:2]]
+
+
+def long_then_short_calls(
+    single: HFPolicy, batched: BatchingPolicy
+) -> tuple[list[Generation], list[int], dict[str, float]]:
+    """Start `LONG_CALL`, and once it decodes the `SHORT_CALLS`; return the results in that
+    order, the rows of every forward, and when each call returned."""
+    finished: dict[str, float] = {}
+
+    def call(name: str, prompt: str, sampling: Sampling) -> Generation:
+        got = batched.generate(chat(prompt), sampling)
+        finished[name] = time.perf_counter()
+        return got
+
+    with rows_per_forward(single.model) as rows, ThreadPoolExecutor(max_workers=3) as pool:
+        running = pool.submit(call, "long", *LONG_CALL)
+        while not rows:  # the long request is being decoded
+            time.sleep(0.001)
+        shorts = [pool.submit(call, f"short{i}", *c) for i, c in enumerate(SHORT_CALLS)]
+        results = [running.result(), *(s.result() for s in shorts)]
+    return results, rows, finished
+
+
 def test_requests_join_a_running_batch_and_leave_it_when_done(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,27 +273,12 @@ def test_requests_join_a_running_batch_and_leave_it_when_done(
     monkeypatch.setattr(kv_cache, "trim_left", trim)
     single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
     batched = BatchingPolicy(single, max_batch_size=8, max_wait_s=0.0, min_shared_prefix=8)
-    long_call = (PROMPTS[3], Sampling(temperature=0.0, max_new_tokens=300))
-    # longer prompts than the running one: joining left-pads it, leaving lets it be trimmed
-    short_calls = [(SHARED + p, Sampling(temperature=0.0, max_new_tokens=5)) for p in PROMPTS[:2]]
-    finished: dict[str, float] = {}
-
-    def call(name: str, prompt: str, sampling: Sampling) -> Generation:
-        got = batched.generate(chat(prompt), sampling)
-        finished[name] = time.perf_counter()
-        return got
-
-    with rows_per_forward(single.model) as rows, ThreadPoolExecutor(max_workers=3) as pool:
-        running = pool.submit(call, "long", *long_call)
-        while not rows:  # the long request is being decoded
-            time.sleep(0.001)
-        shorts = [pool.submit(call, f"short{i}", *c) for i, c in enumerate(short_calls)]
-        results = [running.result(), *(s.result() for s in shorts)]
+    results, rows, finished = long_then_short_calls(single, batched)
     assert max(rows) == 3  # the short ones joined the long one's batch
     assert max(trimmed) > 0  # their padding columns went with them
     assert len(results[0].completion_ids) > 5
     assert max(finished["short0"], finished["short1"]) < finished["long"]  # returned at once
-    for (prompt, sampling), got in zip([long_call, *short_calls], results, strict=True):
+    for (prompt, sampling), got in zip([LONG_CALL, *SHORT_CALLS], results, strict=True):
         alone = single.generate(chat(prompt), sampling)
         assert got.completion_ids == alone.completion_ids
         assert got.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
@@ -278,27 +289,13 @@ def test_a_static_batch_makes_later_calls_wait_for_the_running_one(tiny_model_di
     while a batch decodes wait until its every row is done, then decode together, unchanged."""
     single = HFPolicy.from_pretrained(tiny_model_dir, device="cpu")
     batched = BatchingPolicy(single, max_batch_size=8, max_wait_s=0.0, continuous=False)
-    long_call = (PROMPTS[3], Sampling(temperature=0.0, max_new_tokens=300))
-    short_calls = [(SHARED + p, Sampling(temperature=0.0, max_new_tokens=5)) for p in PROMPTS[:2]]
-    finished: dict[str, float] = {}
-
-    def call(name: str, prompt: str, sampling: Sampling) -> Generation:
-        got = batched.generate(chat(prompt), sampling)
-        finished[name] = time.perf_counter()
-        return got
-
-    with rows_per_forward(single.model) as rows, ThreadPoolExecutor(max_workers=3) as pool:
-        running = pool.submit(call, "long", *long_call)
-        while not rows:  # the long request is being decoded
-            time.sleep(0.001)
-        shorts = [pool.submit(call, f"short{i}", *c) for i, c in enumerate(short_calls)]
-        results = [running.result(), *(s.result() for s in shorts)]
+    results, rows, finished = long_then_short_calls(single, batched)
     long_steps = len(results[0].completion_ids)
     assert long_steps > 5
     assert max(rows[:long_steps]) == 1  # nothing joined the running batch
     assert max(rows) == 2  # the two that waited decoded together afterwards
     assert min(finished["short0"], finished["short1"]) > finished["long"]
-    for (prompt, sampling), got in zip([long_call, *short_calls], results, strict=True):
+    for (prompt, sampling), got in zip([LONG_CALL, *SHORT_CALLS], results, strict=True):
         assert got.completion_ids == single.generate(chat(prompt), sampling).completion_ids
 
 
