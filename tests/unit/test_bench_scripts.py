@@ -119,3 +119,15 @@ def test_a_bench_refuses_fewer_than_three_repeats(tmp_path: Path) -> None:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert done.returncode != 0
         assert "at least 3" in done.stderr or ">= 3" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_the_learning_bench_refuses_unknown_configurations_and_too_few_seeds() -> None:
+    script = str(BENCH / "learning.py")
+    done = subprocess.run(
+        [sys.executable, script, "--greedy", "shipped,nope"], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "unknown configurations ['nope']" in done.stderr
+    assert "base-smollm2-on" in done.stderr  # the keys it takes are named
+    done = subprocess.run([sys.executable, script, "--seeds", "2"], capture_output=True, text=True)
+    assert done.returncode != 0 and "--seeds must be >= 3" in done.stderr

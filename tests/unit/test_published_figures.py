@@ -55,3 +55,20 @@ def test_a_figure_prints_its_median_range_and_count() -> None:
     assert publish.figure(headline) == "**1.23x** (1.10-1.31, 3 pairs)"
     seconds = headline | {"unit": "ms", "median": 72.4, "min": 70.0, "max": 80.25}
     assert publish.figure(seconds) == "**72.4 ms** (70-80.2, 3 repeats)"
+
+
+def test_a_smoke_run_or_a_missing_file_is_never_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(publish, "RESULTS", tmp_path)
+    learning = json.loads((ROOT / "bench" / "results" / "learning.json").read_text())
+    (tmp_path / "learning.json").write_text(json.dumps(learning | {"settings": {"limit": 4}}))
+    with pytest.raises(SystemExit, match="a --limit smoke run, not a figure"):
+        publish.learning("learning.json")
+    block = "<!-- bench: missing.json -->\nold table\n<!-- /bench -->"
+    assert publish.present(block) == block  # kept as it was, not half-written
+    with pytest.raises(SystemExit, match=r"missing\.json: no such result; run its bench"):
+        publish.render(block)
+    (tmp_path / "stale.json").write_text(json.dumps({"command": "python bench/x.py"}))
+    with pytest.raises(SystemExit, match="lacks commit, date, machine, headlines"):
+        publish.load("stale.json")
