@@ -41,13 +41,32 @@ CAPITALS = {
     "Sweden": "Stockholm",
     "Canada": "Ottawa",
     "Turkey": "Ankara",
-    # held out: in the corpus, in no training question
+}
+"""Training capitals (15 countries)."""
+HELD_OUT_CAPITALS = {
     "Kenya": "Nairobi",
     "Cuba": "Havana",
     "Ireland": "Dublin",
     "Portugal": "Lisbon",
     "Hungary": "Budapest",
+    "Australia": "Canberra",
+    "Indonesia": "Jakarta",
+    "Philippines": "Manila",
+    "Bangladesh": "Dhaka",
+    "Ukraine": "Kyiv",
+    "Romania": "Bucharest",
+    "Bulgaria": "Sofia",
+    "Serbia": "Belgrade",
+    "Croatia": "Zagreb",
+    "Iceland": "Reykjavik",
+    "Latvia": "Riga",
+    "Senegal": "Dakar",
+    "Uganda": "Kampala",
+    "Qatar": "Doha",
+    "Ecuador": "Quito",
 }
+"""Held out: 20 countries in the corpus and in no training question; each held-out set asks
+for every one of them once."""
 MORE_CAPITALS = {
     "Brazil": "Brasilia",
     "China": "Beijing",
@@ -67,8 +86,9 @@ MORE_CAPITALS = {
 }
 """More training countries, for a test that asks more of held-out generalisation
 (`write_corpus(more=True)`); not in `TRAIN_COUNTRIES`."""
-HELD_OUT_COUNTRIES = ["Kenya", "Cuba", "Ireland", "Portugal", "Hungary"]
-TRAIN_COUNTRIES = [c for c in CAPITALS if c not in HELD_OUT_COUNTRIES]
+HELD_OUT_COUNTRIES = list(HELD_OUT_CAPITALS)
+TRAIN_COUNTRIES = list(CAPITALS)
+ALL_CAPITALS = {**CAPITALS, **HELD_OUT_CAPITALS, **MORE_CAPITALS}
 TRAIN_NUMBERS = (2, 59)
 """Training sums add numbers from 2 to 59 (totals up to 118)."""
 HELD_OUT_NUMBERS = (60, 99)
@@ -79,9 +99,9 @@ def write_corpus(path: Path, *, first: Sequence[str] = (), more: bool = False) -
     """One passage per country, held-out ones included; the countries `first` come first.
 
     Tied passages rank in corpus order, so the first ones fill every search's later places.
-    `more`: `MORE_CAPITALS`' countries too.
+    Every held-out country has its passage; `more`: `MORE_CAPITALS`' countries too.
     """
-    capitals = {**CAPITALS, **MORE_CAPITALS} if more else CAPITALS
+    capitals = {**CAPITALS, **HELD_OUT_CAPITALS, **(MORE_CAPITALS if more else {})}
     order = [*first, *(country for country in capitals if country not in first)]
     lines = [
         json.dumps(
@@ -110,10 +130,31 @@ def make_cases(
             cases.append(Case(f"{seed}-{i}", f"What is {a} + {b}?", str(a + b)))
         else:
             country = rng.choice(countries)
-            capital = CAPITALS.get(country) or MORE_CAPITALS[country]
+            capital = ALL_CAPITALS[country]
             cases.append(Case(f"{seed}-{i}", f"What is the capital of {country}?", capital))
     if shuffle:
         rng.shuffle(cases)
+    return cases
+
+
+def held_out_cases(seed: int = 1) -> list[Case]:
+    """40 questions no training question asks, 20 distinct of each kind, shuffled: every
+    held-out country's capital once, and 20 sums with different totals, of numbers from
+    `HELD_OUT_NUMBERS` (no number or total of training)."""
+    rng = random.Random(seed)
+    sums: dict[int, tuple[int, int]] = {}  # by total: no two questions share an answer
+    while len(sums) < len(HELD_OUT_COUNTRIES):
+        a, b = rng.randint(*HELD_OUT_NUMBERS), rng.randint(*HELD_OUT_NUMBERS)
+        sums.setdefault(a + b, (a, b))
+    cases = [
+        Case(f"held-{i}", f"What is {a} + {b}?", str(a + b))
+        for i, (a, b) in enumerate(sums.values())
+    ]
+    cases += [
+        Case(f"held-{len(sums) + i}", f"What is the capital of {country}?", capital)
+        for i, (country, capital) in enumerate(HELD_OUT_CAPITALS.items())
+    ]
+    rng.shuffle(cases)
     return cases
 
 
