@@ -19,6 +19,17 @@ Why it is built this way:
    settings, not once per rollout.
 4. Only this chat model's calls are recorded; a node that calls another model runs as it is
    and is not trained.
+5. A key never reaches the policy, so none is in a record either. A user's tool may echo a key
+   (a 403 quoting it, a config it read), and the graph passes the ToolMessage on to the model
+   as it is. The chat model redacts every message (`flowlearn.secrets`) before the
+   policy reads it, as flowlearn's own executor redacts a tool's result before memory: the
+   recorded `prompt_ids` stay exactly what the policy read, which training needs, and hold
+   `[redacted]`, not the key, as the recorded messages do. Redacting only the recorded text
+   would have left the key in the ids, where anyone can decode it; dropping such calls would
+   have lost rows. The reply the graph gets back is the policy's own, unredacted; what is
+   written of a rollout (the trajectory store, Parquet) is redacted once more as a whole when it
+   is serialised (`Trajectory.to_json`), which covers the answer, a reward's reason and the
+   completion text too; completion ids are kept as sampled.
 """
 
 from __future__ import annotations
@@ -34,7 +45,8 @@ from typing import Any, Literal
 
 from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.outputs import ChatResult
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from pydantic import Field
@@ -47,6 +59,7 @@ from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.nodes.render import policy_transition
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import Transition
+from flowlearn.secrets import redact_record
 
 __all__ = [
     "NODE_KEY",
@@ -56,6 +69,7 @@ __all__ = [
     "calling_node",
     "last_ai_text",
     "messages_input",
+    "redact_chat",
     "trainable_graph",
 ]
 
@@ -101,6 +115,10 @@ class TrainableChatModel(HFChatModel):
     node's calls, and calls made outside a graph, run on `policy` (with several trained nodes,
     the base with every adapter off). Each call that samples is handed, as a `Transition`, to
     the `TransitionRecorder` among the run's callbacks, if there is one.
+
+    The policy reads every message redacted (`flowlearn.secrets.redact`: known keys and
+    secret-shaped credentials become `[redacted]`), so no key is in what it reads, nor in the
+    recorded messages and prompt ids (the module docstring, point 5).
     """
 
     node_policies: dict[str, Any] = Field(default_factory=dict, exclude=True)
@@ -125,6 +143,17 @@ class TrainableChatModel(HFChatModel):
         policy = self.node_policies.get(calling_node(run_manager))
         return policy if policy is not None else self.policy
 
+    def _prepare(
+        self, messages: list[BaseMessage], kwargs: dict[str, Any]
+    ) -> tuple[Messages, Sampling, list[dict[str, Any]], str | None]:
+        """Return the chat the policy reads, redacted, with the call's sampling and tools."""
+        chat, sampling, tools, choice = super()._prepare(messages, kwargs)
+        return redact_chat(chat), sampling, tools, choice
+
+    def _chosen(self, policy: LocalPolicy, chat: Messages, kwargs: dict[str, Any]) -> ChatResult:
+        """Reply with one of the call's choices, scored over the redacted chat."""
+        return super()._chosen(policy, redact_chat(chat), kwargs)
+
     def _on_generation(
         self, run_manager: CallbackManagerForLLMRun | None, chat: Messages, generation: Generation
     ) -> None:
@@ -132,6 +161,12 @@ class TrainableChatModel(HFChatModel):
         handlers = run_manager.handlers if run_manager is not None else []
         for recorder in (h for h in handlers if isinstance(h, TransitionRecorder)):
             recorder.record(calling_node(run_manager), list(chat), generation)
+
+
+def redact_chat(chat: Messages) -> Messages:
+    """Return `chat` with every message's content redacted (`flowlearn.secrets.redact`)."""
+    redacted: Messages = redact_record(chat)
+    return redacted
 
 
 def calling_node(run_manager: CallbackManagerForLLMRun | None) -> str:

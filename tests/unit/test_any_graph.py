@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
 pytest.importorskip("peft")
 
 import torch
-from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from peft import LoraConfig
@@ -30,6 +34,7 @@ from flowlearn.graphs.trainable import (
     TransitionRecorder,
     trainable_graph,
 )
+from flowlearn.secrets import REDACTED
 from flowlearn.training import TrajectoryStore
 from flowlearn.training.roles import with_node_adapters
 from flowlearn.training.trainer import FlowGRPOTrainer
@@ -274,3 +279,103 @@ def test_a_served_policy_is_refused_before_any_rollout() -> None:
 
     with pytest.raises(ValueError, match="not supported for a graph of your own"):
         trainable_graph(router_writer)(ServerPolicy("http://127.0.0.1:9", "served"))
+
+
+def leaked_forms(key: str) -> list[str]:
+    """The key as it is and in the encodings a tool, a library or a server may echo it in."""
+    raw = key.encode()
+    forms = [key, quote(key, safe=""), quote(key, safe="").lower(), raw.hex(), raw.hex().upper()]
+    forms += [json.dumps(key)[1:-1].replace("/", "\\/")]
+    for b64 in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+        forms += [b64.decode(), b64.decode().rstrip("=")]
+    forms += [base64.b64encode(b"user:" + raw).decode()]  # inside `Authorization: Basic`
+    return forms
+
+
+def test_a_key_a_users_tool_echoes_reaches_no_written_file(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
+    from trainer_setup import config
+
+    from flowlearn.training.trajectories import export_parquet
+
+    key = f"k3y/{uuid.uuid4().hex[:16]}+Zq"  # `/` and `+`: each encoding differs from the rest
+    monkeypatch.setenv("TAVILY_API_KEY", key)
+
+    @tool
+    def leaky(query: str) -> str:
+        """Search the web, echoing the key as a misconfigured client's error does."""
+        basic = base64.b64encode(f"user:{key}".encode()).decode()
+        return (
+            f"403 for key {key}; sent Authorization: Basic {basic}, ?k={quote(key, safe='')} "
+            f"and {key.encode().hex()}; config {json.dumps({'api_key': key})}"
+        )
+
+    def searcher_writer(model: Any) -> Any:
+        def search(state: MessagesState) -> dict[str, Any]:
+            call = {"name": "leaky", "args": {"query": "capital of France"}, "id": "call_0"}
+            result = leaky.invoke({"query": "capital of France"})
+            echoed = ToolMessage(result, name="leaky", tool_call_id="call_0")
+            return {"messages": [AIMessage("", tool_calls=[call]), echoed]}
+
+        def writer(state: MessagesState) -> dict[str, Any]:
+            return {"messages": [model.invoke(state["messages"])]}
+
+        graph = StateGraph(MessagesState)
+        graph.add_node("search", search)
+        graph.add_node("writer", writer)
+        graph.add_edge(START, "search")
+        graph.add_edge("search", "writer")
+        graph.add_edge("writer", END)
+        return graph.compile()
+
+    def quoting(state: Any) -> str:  # an answer that quotes the tool, as a user's may
+        return " | ".join(m.text for m in state["messages"][-2:])
+
+    def echo(answer: str, case: Case) -> Score:  # a reward whose reason quotes the answer
+        return Score(min(len(answer), 100) / 100, f"scored {answer}")
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    store = TrajectoryStore(tmp_path / "rollouts.jsonl")
+    trainer = FlowGRPOTrainer.online(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        args=config(
+            tmp_path,
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_steps=1,
+            max_completion_length=8,
+            save_strategy="steps",
+            save_steps=1,
+        ),
+        graph_factory=trainable_graph(searcher_writer, answer=quoting),
+        scorer=echo,
+        cases=[Case("0", "Capital of France?", "")],
+        context=CONTEXT,
+        processing_class=tokenizer,
+        rollout_store=store,
+    )
+    trainer.train()
+    trainer.save_model(str(tmp_path / "out" / "final"))
+    rollouts = store.load()
+    export_parquet(rollouts, tmp_path / "rollouts.parquet")
+
+    calls = [t for r in rollouts for t in r.transitions]
+    assert calls and all(t["node"] == "writer" for t in calls)
+    for call in calls:  # the policy read the tool's text, redacted; its ids say so exactly
+        shown = tokenizer.decode(call["prompt_ids"])
+        assert "403 for key [redacted]" in shown and "Basic [redacted]" in shown
+        assert call["prompt_ids"] == chat_prompt_ids(tokenizer, call["messages"])
+    assert all(
+        "403 for key [redacted]" in r.answer and REDACTED in r.reward_reason for r in rollouts
+    )
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert {"rollouts.jsonl", "rollouts.parquet", "trainer_state.json"} <= {p.name for p in written}
+    texts = {p: p.read_bytes().decode("latin-1") for p in written}
+    texts[tmp_path / "parquet rows"] = json.dumps(
+        pq.read_table(tmp_path / "rollouts.parquet").to_pylist()
+    )
+    for path, text in texts.items():
+        for form in leaked_forms(key):
+            assert form not in text, f"{form!r} (the key) is in {path}"
