@@ -6,7 +6,7 @@ import hashlib
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 Messages = list[dict[str, str]]
@@ -17,6 +17,14 @@ MAX_TEMPERATURE = 10.0
 """The highest sampling temperature accepted; above it a model samples noise."""
 MAX_NEW_TOKENS = 131_072
 """The most tokens one call may be asked for."""
+MAX_LOGPROB = 1e-4
+"""The largest logprob accepted. A log-probability is at most 0; a hair above is float rounding
+(fp32 `log_softmax` over logits of magnitude 30 is off by a few 1e-6, bf16 and a top-p
+renormalisation by more), and changes a ratio by at most 0.01%. Anything above is not a
+log-probability: a ratio taken from it trains on nothing (+3 gave loss 0 and no update)."""
+MIN_LOGPROB = -1000.0
+"""The smallest logprob accepted: a sampled token's probability is above the smallest float
+(e^-104 in fp32, e^-745 in fp64); -1e308 would overflow every ratio taken from it."""
 
 
 def _number(value: object) -> bool:
@@ -36,6 +44,11 @@ class Sampling:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None
+    deadline: float | None = field(default=None, compare=False)
+    """The wall-clock time (`time.time()`) by which the call must be over, or None (the
+    backend's own limit). A served policy ends its request there (`ServerPolicy`); a local one
+    is bounded by `max_new_tokens` and ignores it. Neither compared nor recorded: it limits
+    the call, it does not change what is sampled."""
 
     def __post_init__(self) -> None:
         # NaN compares false with everything: each check is written so that it fails NaN
@@ -59,10 +72,12 @@ class Sampling:
             not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool)
         ):
             raise ValueError(f"seed must be a whole number or None, got {self.seed!r}")
+        if self.deadline is not None and not _number(self.deadline):
+            raise ValueError(f"deadline must be a finite time.time() value, got {self.deadline!r}")
 
     def as_dict(self) -> dict[str, Any]:
-        """Return the settings as a JSON-serializable dict."""
-        return asdict(self)
+        """Return the sampling settings as a JSON-serializable dict (the deadline left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "deadline"}
 
     def for_call(self, *keys: object) -> Sampling:
         """Return these settings for one call, with a set seed turned into the call's own.
@@ -125,3 +140,56 @@ def token_faithful(record: Mapping[str, Any]) -> bool:
         and logprobs is not None
         and (len(logprobs) == len(completion))
     )
+
+
+def token_problem(record: Mapping[str, Any], vocab_size: int | None = None) -> str | None:
+    """Return `field = value (why)` for the first token id or logprob training must not use.
+
+    The one rule for every place ids and logprobs arrive or are read back (a server's reply, a
+    trajectory file, the rows of a step): ids are whole numbers (not bools) in
+    `[0, vocab_size)`, or `>= 0` when the vocabulary is not known here; logprobs are finite
+    real numbers in `[MIN_LOGPROB, MAX_LOGPROB]`. An id past the vocabulary crashed training with an
+    `IndexError`; positive logprobs trained on nothing and still saved a policy. None when
+    every one present is fine (absent fields are `token_faithful`'s concern).
+
+    >>> token_problem({"completion_ids": [3, -5], "logprobs": [-0.1, -0.2]})
+    'completion_ids[1] = -5 (a negative token id)'
+    >>> token_problem({"completion_ids": [3], "logprobs": [3.0]}, vocab_size=400)
+    'logprobs[0] = 3.0 (above 0: not a log-probability)'
+    """
+    for name in ("prompt_ids", "completion_ids"):
+        ids = record.get(name)
+        if ids is None:
+            continue
+        if not isinstance(ids, list):
+            return f"{name} = {_brief(ids)} (not a list of token ids)"
+        # the builtins scan in C: a store's thousands of prompt ids are checked fast
+        if all(type(i) is int for i in ids) and (
+            not ids or (min(ids) >= 0 and (vocab_size is None or max(ids) < vocab_size))
+        ):
+            continue
+        for k, value in enumerate(ids):
+            if type(value) is not int:
+                return f"{name}[{k}] = {_brief(value)} (not a whole number)"
+            if value < 0:
+                return f"{name}[{k}] = {value} (a negative token id)"
+            if vocab_size is not None and value >= vocab_size:
+                return f"{name}[{k}] = {value} (outside the vocabulary of {vocab_size} tokens)"
+    logprobs = record.get("logprobs")
+    if logprobs is None:
+        return None
+    if not isinstance(logprobs, list):
+        return f"logprobs = {_brief(logprobs)} (not a list of numbers)"
+    for k, value in enumerate(logprobs):
+        if not _number(value):
+            return f"logprobs[{k}] = {_brief(value)} (not a finite number)"
+        if value > MAX_LOGPROB:
+            return f"logprobs[{k}] = {value!r} (above 0: not a log-probability)"
+        if value < MIN_LOGPROB:
+            return f"logprobs[{k}] = {value!r} (below {MIN_LOGPROB:g}: no sampled token's)"
+    return None
+
+
+def _brief(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

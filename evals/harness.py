@@ -48,7 +48,21 @@ def summarize_run(case: Case, state: dict[str, Any], score: Score, seconds: floa
         format_errors=sum(r.get("kind") == "format_error" for r in memory),
         seconds=round(seconds, 3),
         termination=state.get("termination"),
+        error=engine_failure(state),
     )
+
+
+def engine_failure(state: dict[str, Any]) -> str | None:
+    """Return the recorded error of the model call that ended a run on `engine_error`, or None.
+
+    A failed call is recorded, not raised (the run still writes its answer), so the result
+    names it here: a server that answered 401 or never answered is not a wrong answer.
+    """
+    if state.get("termination") != "engine_error":
+        return None
+    failed = [t for t in state.get("transitions", []) if t.get("parse_status") == "error"]
+    ending = [t for t in failed if t.get("node") != "generator"] or failed  # the loop's last
+    return str(ending[-1].get("output")) if ending else None
 
 
 def read_results(path: str | Path) -> list[CaseResult]:

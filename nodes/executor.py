@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
 _JSON_DECODER = json.JSONDecoder()
+REDACT_MARGIN = 4096
+"""Characters past a result's cut that are still redacted: more than any key, header or URL
+credential `redact` looks for, so one that starts before the cut is found whole."""
 
 
 def _first_json_object(text: str) -> dict[str, Any] | None:
@@ -205,10 +208,42 @@ def run_tool(
     else:
         try:
             result = call_with_timeout(tool, arguments, context.tool_timeout_s)
-            record["result"] = truncate(redact(_as_text(result)), context.max_result_chars)
+            text, limit = _as_text(result), context.max_result_chars
+            # cut before redacting, so a huge result costs no more than a kept one; the margin
+            # keeps a key that starts before the cut whole for `redact` to find
+            kept = redact(text[: limit + REDACT_MARGIN])
+            record["result"] = truncate(kept, limit, length=len(text))
         except Exception as exc:  # a tool failure is data for the planner, not a crash
             record["error"] = truncate(error_text(exc), context.max_result_chars)  # no secrets
     record["seconds"] = round(time.perf_counter() - start, 6)
+
+
+def write_call(
+    write: Callable[..., tuple[dict[str, Any] | None, str, ParseStatus, Transition]] | None,
+    propose: Callable[..., tuple[dict[str, Any] | None, str, ParseStatus]],
+    engine: Any,
+    tool: BaseTool,
+    messages: Messages,
+    prompts: Prompts,
+    context: Context,
+    question: str,
+    turn: int,
+) -> tuple[dict[str, Any] | None, str, ParseStatus, Transition]:
+    """Have the trained policy (`write`) or the engine (`propose`, retried) write the tool call.
+
+    A call that still fails (retries spent, or not worth one) is recorded as the turn's error
+    and the run goes on; a failed policy call carries no tokens, so training leaves it out.
+    """
+    start = time.perf_counter()
+    caller = "the engine" if write is None else "the executor's policy"
+    try:
+        if write is not None:
+            return write(tool, messages, context, question, turn)
+        arguments, raw, status = propose(engine, tool, messages, prompts)
+    except Exception as exc:
+        arguments, status, raw = None, "error", engine_error(exc, caller)
+    made = transition("executor", turn, messages, raw, status, time.perf_counter() - start)
+    return arguments, raw, status, made
 
 
 def make_executor(
@@ -266,17 +301,9 @@ def make_executor(
             system=prompts.system,
         )
         messages[1:1] = call_example_turns(tool, prompts)  # after the system prompt
-        start = time.perf_counter()
-        if write is not None:  # a policy call that still fails raises: no tokens, no rollout
-            arguments, raw, status, made = write(tool, messages, context, question, plan["turn"])
-        else:
-            try:
-                arguments, raw, status = propose(engine, tool, messages, prompts)
-            except Exception as exc:  # retries spent, or not worth one: recorded, run goes on
-                arguments, status, raw = None, "error", engine_error(exc)
-            made = transition(
-                "executor", plan["turn"], messages, raw, status, time.perf_counter() - start
-            )
+        arguments, raw, status, made = write_call(
+            write, propose, engine, tool, messages, prompts, context, question, plan["turn"]
+        )
         record: StepRecord = {
             "turn": plan["turn"],
             "kind": "action",

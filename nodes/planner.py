@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.tools import BaseTool
@@ -24,7 +25,7 @@ from flowlearn.nodes.render import (
     summarize,
     transition,
 )
-from flowlearn.nodes.retry import ENGINE_RETRY, retrying
+from flowlearn.nodes.retry import ENGINE_RETRY, engine_error, retrying
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus
 from flowlearn.nodes.schema.state import State
@@ -121,14 +122,57 @@ def starting_anew(update: dict[str, Any]) -> dict[str, Any]:
 
 
 def spent_budget(state: State, context: Context, now: float) -> str | None:
-    """Return why the budget is spent ("max_turns" or "max_seconds"), or None."""
-    if state.get("turn", 0) >= context.max_turns:
-        return "max_turns"
+    """Return why the budget is spent ("max_seconds" or "max_turns"), or None.
+
+    Time first: a run past its seconds says so, even when its turns are spent too.
+    """
     started = state.get("started_at")
     limit = context.max_seconds
     if limit is not None and started is not None and now - started >= limit:
         return "max_seconds"
+    if state.get("turn", 0) >= context.max_turns:
+        return "max_turns"
     return None
+
+
+POLICY = "the planner's policy"
+"""What a failed policy call's recorded error names as the caller."""
+
+
+def run_deadline(state: State, context: Context) -> float | None:
+    """Return when the run's `max_seconds` budget ends (a `time.time()` value), or None.
+
+    The planner's policy calls carry it (`Sampling.deadline`), so a served policy gives up
+    on a silent or slow server when the run's time is up instead of holding the run past it.
+    """
+    started = state.get("started_at")
+    if context.max_seconds is None or started is None:
+        return None
+    return started + context.max_seconds
+
+
+def failed_decision(
+    update: dict[str, Any],
+    turn: int,
+    messages: list[dict[str, str]],
+    exc: Exception,
+    seconds: float,
+    runtime: Any,
+) -> dict[str, Any]:
+    """Record a policy call that failed (retries spent) and end the run on `engine_error`.
+
+    The error (redacted, `nodes.retry.engine_error`) goes into the turn's transition and a
+    memory record, so the answer is still written from what the run found and the trajectory
+    says why it stopped; the transition carries no tokens, so training leaves it out.
+    """
+    error = engine_error(exc, POLICY)
+    update["turn"] = turn
+    update["plan"] = None
+    update["termination"] = "engine_error"
+    update["transitions"].append(transition("planner", turn, messages, error, "error", seconds))
+    update["memory"] = [{"turn": turn, "kind": "format_error", "error": error, "result": ""}]
+    emit(runtime, {"event": "planner", "turn": turn, "ok": False, "error": error})
+    return update
 
 
 def plan_messages(
@@ -224,6 +268,43 @@ def record_decision(
     return update
 
 
+def analyzer(
+    generate: Callable[..., Generation], ask: Callable[..., Any] | None, prompts: Prompts
+) -> Callable[[str, Sequence[BaseTool], Sampling], tuple[str, dict[str, Any]]]:
+    """Return the first visit's query analysis: the engine's (`ask`) if given, else the policy's.
+
+    Either way a failed call is recorded (its transition says why) and the run goes on
+    without the analysis.
+    """
+
+    def analyze(
+        question: str, available: Sequence[BaseTool], sampling: Sampling
+    ) -> tuple[str, dict[str, Any]]:
+        messages = analysis_messages(question, available, prompts)
+        if ask is not None:
+            reply = ask(messages)
+            if reply.error is not None:
+                record = transition(
+                    "query_analysis", 0, messages, reply.error, "error", reply.seconds
+                )
+                return f"(no query analysis: {reply.error})", dict(record)
+            record = transition(
+                "query_analysis", 0, messages, reply.text, "ok", reply.seconds, **reply.record()
+            )
+            return reply.text, dict(record)
+        start = time.perf_counter()
+        try:
+            gen = generate(messages, sampling.for_call(question, 0))
+        except Exception as exc:  # retries spent: recorded as an engine analysis's is
+            error = engine_error(exc, POLICY)
+            seconds = time.perf_counter() - start
+            record = transition("query_analysis", 0, messages, error, "error", seconds)
+            return f"(no query analysis: {error})", dict(record)
+        return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))
+
+    return analyze
+
+
 def make_planner(
     policy: Policy,
     tools: Sequence[BaseTool],
@@ -243,8 +324,10 @@ def make_planner(
         prompts: The planner's and query analysis's templates, worked plans, reply prefix and
             analysis budget.
         retry: How transient errors of the engine's and the policy's calls are retried (None:
-            never). A failed analysis is recorded and the run goes on; a policy call that
-            still fails raises (`TransientEngineError` from the last error).
+            never). A failed analysis is recorded and the run goes on; a policy decision that
+            still fails is recorded (transition and memory) and ends the run on
+            `engine_error`, its answer written from the memory so far. A policy's calls end
+            by the run's `max_seconds` (`Sampling.deadline`; a served policy honours it).
 
     """
     tools = list(tools)
@@ -254,23 +337,7 @@ def make_planner(
     if analysis_engine is not None:
         ask = role_call(analysis_engine, retry, max_tokens=prompts.budgets.query_analysis)
 
-    def analyze(
-        question: str, available: Sequence[BaseTool], sampling: Sampling
-    ) -> tuple[str, dict[str, Any]]:
-        messages = analysis_messages(question, available, prompts)
-        if ask is not None:
-            reply = ask(messages)
-            if reply.error is not None:
-                record = transition(
-                    "query_analysis", 0, messages, reply.error, "error", reply.seconds
-                )
-                return f"(no query analysis: {reply.error})", dict(record)
-            record = transition(
-                "query_analysis", 0, messages, reply.text, "ok", reply.seconds, **reply.record()
-            )
-            return reply.text, dict(record)
-        gen = generate(messages, sampling.for_call(question, 0))
-        return gen.text, dict(policy_transition("query_analysis", 0, messages, gen))
+    analyze = analyzer(generate, ask, prompts)
 
     def planner(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         if state.get("termination") is not None:  # a finished run: this question starts anew
@@ -279,8 +346,7 @@ def make_planner(
 
     def plan_turn(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         context = runtime.context or Context()
-        if not str(state.get("question") or "").strip():
-            raise ValueError("the question is empty: invoke the graph with a non-empty 'question'")
+        context.check_question(state.get("question", ""))  # text, not blank, not too long
         now = time.time()
         started = state.get("started_at", now)
         reason = spent_budget({**state, "started_at": started}, context, now)
@@ -290,7 +356,8 @@ def make_planner(
 
         available = enabled_tools(tools, context.tools)
         catalogue = render_catalogue(available)
-        sampling = context.planner_sampling()
+        deadline = run_deadline({**state, "started_at": started}, context)
+        sampling = replace(context.planner_sampling(), deadline=deadline)
         update: dict[str, Any] = {"started_at": started, "transitions": []}
         analyzing = runs_analysis(context, prompts)
         analysis = state.get("analysis") if analyzing else None
@@ -312,7 +379,12 @@ def make_planner(
         )
         # a fresh watch per call: it keeps the state of the one generation it watches
         stopping = plan_stop(policy, prefix)
-        gen = generate(messages, sampling.for_call(state["question"], turn), **stopping)
+        start = time.perf_counter()
+        try:
+            gen = generate(messages, sampling.for_call(state["question"], turn), **stopping)
+        except Exception as exc:  # retries spent, or not worth one: recorded, the run ends
+            seconds = time.perf_counter() - start
+            return failed_decision(update, turn, messages, exc, seconds, runtime)
         return record_decision(update, turn, messages, gen, available, runtime, prefix)
 
     return planner

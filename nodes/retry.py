@@ -37,7 +37,11 @@ TRANSIENT_NAMES = frozenset(
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether an engine error is worth retrying: timeouts, dropped connections, 429 and 5xx."""
+    """Whether an engine error is worth retrying: timeouts, dropped connections, 429 and 5xx.
+
+    A served call past its whole deadline, over its size cap or with a malformed reply
+    (`ServerReplyError`) is not: a retry would spend the same time or get the same reply.
+    """
     if isinstance(exc, TimeoutError | ConnectionError):
         return True
     status = getattr(exc, "status_code", None) or getattr(
@@ -97,14 +101,15 @@ def retrying(call: Callable[P, T], policy: RetryPolicy | None) -> Callable[P, T]
     return call_with_retries
 
 
-def engine_error(exc: BaseException) -> str:
-    """Return the message recorded for a failed engine call (retries already spent).
+def engine_error(exc: BaseException, caller: str = "the engine") -> str:
+    """Return the message recorded for a failed model call (retries already spent).
 
-    Known secrets are redacted (`flowlearn.secrets`): a server's 401 may echo its token.
+    `caller` names what failed ("the planner's policy"). Known secrets are redacted
+    (`flowlearn.secrets`): a server's 401 may echo its token.
     """
     if isinstance(exc, TransientEngineError) and exc.__cause__ is not None:
-        return f"the engine failed (transient; retries exhausted): {error_text(exc.__cause__)}"
-    return f"the engine failed: {error_text(exc)}"
+        return f"{caller} failed (transient; retries exhausted): {error_text(exc.__cause__)}"
+    return f"{caller} failed: {error_text(exc)}"
 
 
 def with_retries(

@@ -17,6 +17,7 @@ TRL's one temperature), with its own top-p and token budget.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ from flowlearn.nodes.engine_calls import EngineReply, RoleCall, role_call
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, runs_analysis
 from flowlearn.nodes.render import emit, memory_prompt, policy_transition, transition
-from flowlearn.nodes.retry import ENGINE_RETRY, retrying
+from flowlearn.nodes.retry import ENGINE_RETRY, engine_error, retrying
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, Transition
 from flowlearn.nodes.schema.state import State
@@ -194,14 +195,28 @@ def trained_verifier(
 ) -> Callable[..., dict[str, Any]]:
     """Build the verifier over its own policy: both calls sampled and recorded token-exact.
 
-    A policy call that still fails after the retries raises, as the planner's does: a rollout
-    of a trained node cannot go on without its tokens.
+    A policy call that still fails after the retries is recorded, as the planner's is: its
+    transition (no tokens, so training leaves it out) names the error and the run ends on
+    `engine_error`, its answer written from the memory so far.
     """
     ask = policy_ask(policy, retry)
     label = prompts.verifier_conclusion
     prefills = continues_prefill(policy)
 
     def verifier(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+        start = time.perf_counter()
+        try:
+            return judge(state, runtime)
+        except Exception as exc:  # retries spent, or not worth one
+            turn = state.get("turn", 0)
+            context = runtime.context or Context()
+            messages = verifier_messages(state, context, tools, prompts)
+            error = engine_error(exc, "the verifier's policy")
+            seconds = time.perf_counter() - start
+            record = transition("verifier", turn, messages, error, "error", seconds)
+            return verdict_update(runtime, turn, "", "STOP", False, [record], error=error)
+
+    def judge(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         turn = state.get("turn", 0)
         context = runtime.context or Context()
         sampling = context.planner_sampling()

@@ -45,9 +45,10 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from flowlearn.engine.sampling import Sampling, token_faithful
+from flowlearn.engine.sampling import Sampling, token_faithful, token_problem
+from flowlearn.errors import DataError
 from flowlearn.nodes.schema.records import Transition
-from flowlearn.training.trajectories import DROPPED, Trajectory, check_trajectories
+from flowlearn.training.trajectories import DROPPED, TOKEN_RULE, Trajectory, check_trajectories
 
 MODES = ("paper", "verl_like", "sequence")
 RENAMED_MODES = {"official": "verl_like"}
@@ -122,6 +123,7 @@ def build_flow_grpo_rows(
     sampling: Sampling | None = None,
     mask_truncated: bool = False,
     end_ids: Collection[int] = (),
+    vocab_size: int | None = None,
 ) -> FlowGRPOBatch:
     """Build Flow-GRPO rows from rewarded trajectories grouped by `group_id`.
 
@@ -144,11 +146,17 @@ def build_flow_grpo_rows(
         mask_truncated: leave out turns cut off by their token budget (`Truncation`), counted.
         end_ids: token ids that end a completion (EOS, pad); a turn whose last token is one
             ended by itself, even on its budget's last token.
+        vocab_size: the trained model's vocabulary (`len(tokenizer)`); a kept turn with an id
+            outside it is refused. None: ids are only checked to be whole numbers >= 0.
+
+    A policy call that failed (`parse_status` "error", no completion ids: a server that did
+    not answer) has no tokens to train; it is left out and counted in `rows_dropped`.
 
     Raises:
         ValueError: unknown mode or scale, a transition without token ids, or one whose
             recorded sampling does not match `sampling`.
-        DataError: a reward, reward term or logprob that is not a finite number.
+        DataError: a reward, reward term or logprob that is not a finite number, a logprob
+            above 0, or a token id that is negative or outside `vocab_size`.
 
     """
     check_mode(mode)
@@ -165,7 +173,9 @@ def build_flow_grpo_rows(
     groups = group_trajectories(trajectories, stats)
     stats["groups"] = len(groups)
     cut_off = Truncation(max_completion_length, frozenset(end_ids)) if mask_truncated else None
-    turns = kept_turns(groups, nodes, max_prompt_length, sampling, stats, truncation=cut_off)
+    turns = kept_turns(
+        groups, nodes, max_prompt_length, sampling, stats, truncation=cut_off, vocab_size=vocab_size
+    )
     zero_variance = {g for g, m in groups.items() if len({t.total_reward for t in m}) == 1}
     stats["zero_variance_share"] = len(zero_variance) / len(groups) if groups else 0.0
     if drop_zero_variance:
@@ -274,6 +284,27 @@ def check_faithful(transition: Transition) -> None:
         )
 
 
+def failed_call(transition: Transition) -> bool:
+    """Whether a transition records a policy call that failed: an error, and no tokens.
+
+    The planner records one when its server did not answer (`nodes.planner.failed_decision`);
+    there is nothing sampled to train on, so it is no row.
+    """
+    return transition.get("parse_status") == "error" and not transition.get("completion_ids")
+
+
+def check_tokens(transition: Transition, vocab_size: int | None) -> None:
+    """Refuse a transition whose ids lie outside the vocabulary or whose logprobs are not ones.
+
+    Raises:
+        DataError: naming the trajectory, turn and field (`engine.sampling.token_problem`).
+
+    """
+    problem = token_problem(transition, vocab_size)
+    if problem is not None:
+        raise DataError(f"{where(transition)}: field {problem}: {TOKEN_RULE}")
+
+
 def check_sampling(transition: Transition, trainer: Sampling) -> None:
     """Refuse a transition whose recorded sampling the trainer's logprobs cannot reproduce.
 
@@ -337,12 +368,14 @@ def kept_turns(
     stats: dict[str, Any],
     *,
     truncation: Truncation | None = None,
+    vocab_size: int | None = None,
 ) -> dict[str, list[Transition]]:
     """Return each trajectory's trainable turns: by node, checked, within the prompt length.
 
     With `nodes` None, a policy call that carries no token ids (a server that returned none) is
     left out and counted; a call that is not a policy's (no `completion_ids` key) is no row.
-    Given a `truncation`, the turns it finds cut off are left out and counted too.
+    A failed call of a trained node (`failed_call`) is left out and counted too, and so are
+    the turns a `truncation` finds cut off. A kept turn's ids must lie in `vocab_size`.
     """
     turns: dict[str, list[Transition]] = {}
     for members in groups.values():
@@ -354,7 +387,11 @@ def kept_turns(
                     continue
                 if nodes is not None and transition["node"] not in nodes:
                     continue
+                if failed_call(transition):
+                    stats["rows_dropped"] += 1
+                    continue
                 check_faithful(transition)
+                check_tokens(transition, vocab_size)
                 if sampling is not None:
                     check_sampling(transition, sampling)
                 prompt = transition.get("prompt_ids") or []

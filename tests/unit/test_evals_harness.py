@@ -213,7 +213,9 @@ def test_failed_runs_are_recorded_not_raised(tmp_path: Path) -> None:
     (result,) = run_eval(
         graph, [Case("x", "q", "a")], lambda a, c: score_case("exact_match", a, c), progress=False
     )
-    assert result.score == 0 and result.error == "RuntimeError: model crashed"
+    # the planner records its failed call and the run ends on it; the result names it
+    assert result.score == 0 and result.termination == "engine_error"
+    assert result.error == "the planner's policy failed: RuntimeError: model crashed"
 
 
 @pytest.mark.slow

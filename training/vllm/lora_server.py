@@ -311,6 +311,7 @@ class ServerGeneration:
                     self.server.url,
                     name,
                     tokenizer=trainer.processing_class,
+                    vocab_size=model.get_input_embeddings().num_embeddings,
                     api_key_env=self.server.api_key_env,
                     timeout_s=self.server.timeout_s,
                     version=name if name != self.base else None,  # the base: `<name>@server`
