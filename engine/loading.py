@@ -1,14 +1,20 @@
-"""Load Hugging Face causal LMs: hub ids, local folders, GGUF files and the embedded default."""
+"""Load Hugging Face causal LMs: hub ids, local folders, GGUF files and the embedded default.
+
+A LoRA adapter read from disk is checked against its base's shapes before PEFT builds it
+(`check_adapter_fits`): PEFT allocates every layer's adapter from the rank its config names, so
+an edited `r: 20000000` would take tens of gigabytes before any weight is read.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flowlearn.errors import ModelNotFoundError
+from flowlearn.errors import ModelNotFoundError, SavedModelError
 from flowlearn.files import save_atomically
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -191,6 +197,8 @@ def load_model_and_tokenizer(
 
     Raises:
         ModelNotFoundError: nothing loadable at `source`, with how to fix it.
+        SavedModelError: an adapter folder whose adapter its base's shapes do not bound, or
+            whose weights are another model's (`check_adapter_fits`).
         ValueError: `model_kwargs` naming the device, the dtype or where the model is, or
             keywords the model does not take (a misspelt one, a kernel not installed).
 
@@ -207,6 +215,7 @@ def load_model_and_tokenizer(
     chosen, torch_dtype = pick_device_and_dtype(device, dtype)
     text = str(source) if source is not None else ""
     location, kwargs = model_location(source, cache_dir)
+    check_adapter_folder(location)
     # the tokenizer comes from the same revision as the weights (TRL's `model_revision`)
     shared = {**kwargs, **({"revision": extra["revision"]} if "revision" in extra else {})}
     # Hub kernels are chosen for the device the weights load on (transformers' `kernelize`),
@@ -258,3 +267,217 @@ def with_adapter(model: Any, folder: Path) -> Any:
     # (full fine-tuning of `--planner default`; LoRA on top freezes it again itself)
     merged.requires_grad_(True)
     return merged
+
+
+MAX_RECORD_BYTES = 1 << 20
+"""The largest JSON file read beside a model (an adapter's config, a training result's record)."""
+
+
+def read_json_record(path: Path, what: str) -> Any:
+    """Read a small JSON file saved beside a model; refuse one too large, too deep or not JSON.
+
+    Raises:
+        SavedModelError: naming the file and what is wrong with it.
+
+    """
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_RECORD_BYTES + 1)
+    except OSError as exc:
+        raise SavedModelError(f"{path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_RECORD_BYTES:
+        raise SavedModelError(
+            f"{path} is larger than {MAX_RECORD_BYTES} bytes: not a {what}; restore the file "
+            "that was saved there"
+        )
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:  # json's parser recurses once per nested list or object
+        raise SavedModelError(
+            f"{path} nests too deep to be a {what}; restore the file that was saved there"
+        ) from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise SavedModelError(
+            f"{path} is not a {what} (not JSON: {exc}); restore the file that was saved there"
+        ) from None
+
+
+def check_adapter_folder(location: str | os.PathLike[str]) -> None:
+    """Check an adapter folder's adapter against its base's shapes, built on the meta device.
+
+    A no-op for anything but a local folder with an `adapter_config.json`, or when its base's
+    config does not load here (loading the base then fails with its own error).
+
+    Raises:
+        SavedModelError: see `check_adapter_fits`.
+
+    """
+    folder = Path(location)
+    if not (folder / "adapter_config.json").is_file():
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings = read_json_record(folder / "adapter_config.json", "LoRA adapter config")
+    base = settings.get("base_model_name_or_path") if isinstance(settings, dict) else None
+    if not isinstance(base, str) or not base:
+        return
+    try:
+        config = AutoConfig.from_pretrained(base)
+        with torch.device("meta"):  # shapes without memory
+            model = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError, KeyError):
+        return
+    check_adapter_fits(folder, model)
+
+
+def check_adapter_fits(folder: Path, model: Any, *, node: str | None = None) -> None:
+    """Refuse the adapter in `folder` unless it is a LoRA that `model`'s shapes bound.
+
+    Run before PEFT loads it (`model` may be on the meta device): the adapter must be a LoRA,
+    each targeted layer's rank at most the smaller side of its weight, the adapter's weights
+    together no more than the base's, and the saved weights' shapes those that the config and
+    `model` imply (an adapter trained on a model of another size fails here, not in PEFT).
+
+    Raises:
+        SavedModelError: naming the adapter, the layer and the bound it breaks.
+
+    """
+    where = f"the {node} adapter in {folder}" if node else f"the adapter in {folder}"
+    settings = read_json_record(folder / "adapter_config.json", "LoRA adapter config")
+    if not isinstance(settings, dict) or settings.get("peft_type") != "LORA":
+        kind = settings.get("peft_type") if isinstance(settings, dict) else settings
+        raise SavedModelError(
+            f"{where} is not a LoRA adapter (peft_type {kind!r}): flowlearn loads LoRA adapters"
+        )
+    for key in ("layer_replication", "target_parameters"):
+        if settings.get(key):
+            raise SavedModelError(
+                f"{where} sets {key}, which flowlearn never writes and does not load; "
+                "restore the adapter_config.json that was saved with it"
+            )
+    ranks = targeted_ranks(settings, model, where)
+    size = 0
+    for name, (rank, fan_in, fan_out) in ranks.items():
+        if rank > min(fan_in, fan_out):
+            raise SavedModelError(
+                f"{where} asks for rank {rank} on {name}, a {fan_out} x {fan_in} weight: a LoRA "
+                f"rank is at most {min(fan_in, fan_out)} there. Its adapter_config.json was "
+                "edited or belongs to another model; restore it, or use the base it was "
+                "trained on"
+            )
+        size += rank * (fan_in + fan_out)
+    base = sum(p.numel() for p in model.parameters())
+    if size > base:
+        raise SavedModelError(
+            f"{where} would hold {size:,} weights, more than its base's {base:,}: no LoRA of "
+            "this base is that large. Its adapter_config.json was edited; restore it"
+        )
+    check_adapter_weights(folder, ranks, where)
+
+
+def targeted_ranks(
+    settings: Mapping[str, Any], model: Any, where: str
+) -> dict[str, tuple[int, int, int]]:
+    """Return each layer of `model` the adapter targets, as its rank, fan-in and fan-out.
+
+    Matched as PEFT matches (`target_modules`, `exclude_modules`, `layers_to_transform`,
+    `rank_pattern`); `all-linear` is every linear layer but the output head.
+
+    Raises:
+        SavedModelError: a rank that is not a whole number from 1, or unreadable targets.
+
+    """
+    from types import SimpleNamespace
+
+    import torch
+    from peft.tuners.tuners_utils import check_target_module_exists
+    from peft.utils.other import get_pattern_key
+
+    pattern = settings.get("rank_pattern") or {}
+    if not isinstance(pattern, Mapping):
+        raise SavedModelError(f"{where}: rank_pattern {pattern!r} is not a mapping")
+    for value in (settings.get("r"), *pattern.values()):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SavedModelError(f"{where}: rank {value!r} is not a whole number from 1")
+    targets = settings.get("target_modules")
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    matcher = SimpleNamespace(
+        target_modules=targets,
+        target_parameters=None,
+        exclude_modules=settings.get("exclude_modules"),
+        modules_to_save=settings.get("modules_to_save"),
+        layers_to_transform=settings.get("layers_to_transform"),
+        layers_pattern=settings.get("layers_pattern"),
+    )
+    found: dict[str, tuple[int, int, int]] = {}
+    for name, module in model.named_modules():
+        sides = layer_sides(module)
+        if sides is None:
+            continue
+        try:
+            if isinstance(targets, str) and targets.lower() == "all-linear":
+                linear = isinstance(module, torch.nn.Linear) or hasattr(module, "nf")
+                hit = linear and module is not head
+            else:  # PEFT's own matching; an excluded module is a falsy marker
+                hit = bool(check_target_module_exists(matcher, name))
+        except (TypeError, ValueError, AttributeError) as exc:  # re.error is a ValueError
+            raise SavedModelError(f"{where}: unreadable target_modules ({exc})") from None
+        if hit:
+            rank = pattern.get(get_pattern_key(list(pattern), name), settings["r"])
+            found[name] = (int(rank), *sides)
+    return found
+
+
+def layer_sides(module: Any) -> tuple[int, int] | None:
+    """Return a layer's fan-in and fan-out (an embedding's rows and width), or None."""
+    import torch
+
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    if isinstance(module, torch.nn.Embedding):
+        return module.num_embeddings, module.embedding_dim
+    if hasattr(module, "nx") and hasattr(module, "nf"):  # transformers' Conv1D
+        return int(module.nx), int(module.nf)
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() >= 2:
+        return int(weight.shape[1]), int(weight.shape[0])
+    return None
+
+
+def check_adapter_weights(
+    folder: Path, ranks: Mapping[str, tuple[int, int, int]], where: str
+) -> None:
+    """Compare the saved LoRA weights' shapes (the safetensors header only) with `ranks`.
+
+    Raises:
+        SavedModelError: a weight of another shape, naming it and the base's.
+
+    """
+    from safetensors import safe_open
+
+    weights = folder / "adapter_model.safetensors"
+    if not weights.is_file():
+        return
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            names = handle.keys()
+            shapes = {key: list(handle.get_slice(key).get_shape()) for key in names}
+    except Exception as exc:  # safetensors raises its own error types for a bad header
+        raise SavedModelError(f"{where}: {weights} is not a safetensors file ({exc})") from None
+    for key, shape in shapes.items():
+        name, _, part = key.removeprefix("base_model.model.").rpartition(".lora_")
+        if name not in ranks:
+            continue
+        rank, fan_in, fan_out = ranks[name]
+        expected = {
+            "A.weight": [rank, fan_in],
+            "B.weight": [fan_out, rank],
+            "embedding_A": [rank, fan_in],
+            "embedding_B": [fan_out, rank],
+        }.get(part)
+        if expected is not None and shape != expected:
+            raise SavedModelError(
+                f"{where} was trained on a model of another size: its {key} is {shape}, this "
+                f"base needs {expected}. Load it on the base it was trained on"
+            )

@@ -10,7 +10,9 @@ and records them token by token. The reward functions are TRL's shape: exact mat
 answer, plus a brevity term.
 
 Without `--model`, a tiny random Qwen2 is built in a temporary folder: it writes noise, so
-the run shows the mechanics (rows from both nodes, both adapters updated), not learning.
+the run shows the mechanics (rows from both nodes, both adapters updated), not learning. That
+base is saved beside the adapters (`base-model/` in the output folder), since the adapters are
+only usable on the model they were trained on and the temporary folder goes at exit.
 Name an instruct model (`--model Qwen/Qwen2.5-0.5B-Instruct`, a hub id already in the cache,
 or a folder) to train for real.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import operator
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -169,7 +172,13 @@ def train(options: argparse.Namespace, scratch: Path) -> Any:
         processing_class=tokenizer,
     )
     trainer.train()
-    trainer.save_model(str(options.output_dir / "final"))
+    final = options.output_dir / "final"
+    trainer.save_model(str(final))
+    if options.model is None:  # the built base lives in the temporary folder: keep a copy
+        from flowlearn.engine.adapters import write_adapters_record
+
+        kept = shutil.copytree(scratch / "tiny-model", options.output_dir / "base-model")
+        write_adapters_record(final, str(kept), options.nodes)
     return trainer
 
 

@@ -55,6 +55,7 @@ def check_yaml_file(path: str) -> None:
     def size(node: yaml.Node) -> int:  # aliased nodes are one object: each counted once
         if id(node) not in sizes:
             sizes[id(node)] = 0  # a recursive alias counts as nothing more
+            refuse_yaml_node(node, path)
             if isinstance(node, yaml.MappingNode):
                 keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
                 repeated = sorted({k for k in keys if keys.count(k) > 1})
@@ -75,6 +76,37 @@ def check_yaml_file(path: str) -> None:
             f"--config {path} expands to more than {MAX_YAML_NODES} values (YAML aliases); "
             "write the settings out"
         )
+    try:  # what TRL's parser then does, bounded now; any other construction error named here
+        yaml.safe_load(raw.decode("utf-8"))
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ValueError(f"--config {path} is not a settings file: {exc}") from None
+
+
+def refuse_yaml_node(node: Any, path: str) -> None:
+    """Refuse a tag the safe loader does not build (`!!python/...`), or a key that is no scalar.
+
+    Raises:
+        ValueError: naming the file, the line and the fix.
+
+    """
+    import yaml
+
+    line = node.start_mark.line + 1
+    merging = ("tag:yaml.org,2002:merge", "tag:yaml.org,2002:value")  # `<<: *base` is fine
+    if node.tag not in yaml.SafeLoader.yaml_constructors and node.tag not in merging:
+        raise ValueError(
+            f"--config {path}: line {line} has the tag {node.tag.split(':', 2)[-1]!r}; a "
+            "config holds plain values (strings, numbers, booleans, lists, mappings): remove "
+            "the tag"
+        )
+    if isinstance(node, yaml.MappingNode):
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                raise ValueError(
+                    f"--config {path}: line {key.start_mark.line + 1} has a key that is a "
+                    "list or mapping (a YAML complex key, `? ...`); keys are setting names: "
+                    "write `name: value`"
+                )
 
 
 _NO = object()

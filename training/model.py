@@ -20,20 +20,23 @@ from __future__ import annotations
 
 import copy
 import logging
+import pickle
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from flowlearn.engine.adapters import switch_adapter
+from flowlearn.engine.adapters import adapter_names, switch_adapter
 from flowlearn.engine.loading import (
     load_model_and_tokenizer,
     parameter_count,
     pick_device_and_dtype,
 )
 from flowlearn.engine.local import trainability_kept
-from flowlearn.errors import TrainingDivergedError
+from flowlearn.errors import SavedModelError, TrainingDivergedError
 
 logger = logging.getLogger(__name__)
 
@@ -421,3 +424,97 @@ def with_lora(model: Any, config: Any) -> Any:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, adapter)
+
+
+TORCH_FILES = re.compile(
+    r"^(rng_state(_\d+)?\.pth|optimizer\.pt|scheduler\.pt|scaler\.pt|"
+    r"pytorch_model[\w.-]*\.bin|adapter_model\.bin)$"
+)
+"""The pickled torch files of a checkpoint that resuming loads (`training_args.bin` is not)."""
+
+
+def check_checkpoint(folder: Path, model: Any) -> None:
+    """Refuse a checkpoint that pickles Python objects, or whose weights are another model's.
+
+    Run before transformers loads it. Every pickled torch file resuming reads is unpickled by
+    torch's weights-only loader, memory-mapped so its tensors are not read; one holding other
+    objects is refused here, with none of torch's advice to load it unsafely. Each safetensors
+    file's shapes (its header only) are compared with `model`'s weights of the same name.
+
+    Raises:
+        SavedModelError: naming the file and what is wrong with it.
+
+    """
+    folders = [folder, *(p for p in sorted(folder.iterdir()) if p.is_dir())]
+    for file in (f for d in folders for f in sorted(d.iterdir()) if TORCH_FILES.match(f.name)):
+        check_torch_file(file)
+    expected = model_shapes(model)
+    for file in (f for d in folders for f in sorted(d.glob("*.safetensors"))):
+        for key, shape in safetensors_shapes(file).items():
+            if key in expected and expected[key] != shape:
+                raise SavedModelError(
+                    f"checkpoint {folder} holds weights of a model of another size: {key} in "
+                    f"{file.name} is {shape}, the model being trained has {expected[key]}. "
+                    "Resume with the model that run trained, or start afresh in a new output_dir"
+                )
+
+
+def check_torch_file(file: Path) -> None:
+    """Unpickle `file` as torch's weights-only loader does, its tensors memory-mapped, not read.
+
+    Raises:
+        SavedModelError: a file that holds Python objects beyond tensors and plain values.
+
+    """
+    from transformers.trainer_pt_utils import safe_globals
+
+    try:
+        with safe_globals():  # type: ignore[no-untyped-call]  # numpy RNG states, as transformers
+            try:
+                torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:  # an old-format file cannot be mapped: read it
+                if "mmap" not in str(exc):
+                    raise
+                torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported (global: GLOBAL [\w.]+|operand[^\n.]*)", str(exc))
+        what = f" ({found.group(0).strip()})" if found else ""
+        raise SavedModelError(
+            f"checkpoint file {file} holds pickled Python objects{what}, which flowlearn does "
+            "not load: unpickling them can run any code. Resume from a checkpoint that "
+            "training wrote, or start afresh in a new output_dir"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise SavedModelError(f"checkpoint file {file} does not load ({exc})") from None
+
+
+def safetensors_shapes(file: Path) -> dict[str, list[int]]:
+    """Return each tensor's shape in a safetensors file, from its header alone.
+
+    Raises:
+        SavedModelError: a file that is not safetensors.
+
+    """
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            names = handle.keys()
+            return {key: list(handle.get_slice(key).get_shape()) for key in names}
+    except Exception as exc:  # safetensors raises its own error types for a bad header
+        raise SavedModelError(f"{file} is not a safetensors file ({exc})") from None
+
+
+def model_shapes(model: Any) -> dict[str, list[int]]:
+    """Return `model`'s weight shapes by the names a checkpoint saves them under.
+
+    A PEFT adapter's weights are saved without the adapter's name
+    (`...q_proj.lora_A.weight`, not `...q_proj.lora_A.planner.weight`).
+    """
+    names = "|".join(re.escape(n) for n in adapter_names(model))
+    shapes = {}
+    for key, value in model.state_dict().items():
+        if names and "lora_" in key:
+            key = re.sub(rf"\.({names})(?=\.|$)", "", key)
+        shapes[key] = list(value.shape)
+    return shapes

@@ -316,7 +316,8 @@ def test_train_two_nodes_then_run_the_result(
         assert (final / node / "adapter_model.safetensors").is_file()
     assert not (out / "final-adapter").exists() and not (final / "config.json").exists()
     record = json.loads((final / "flowlearn_adapters.json").read_text())
-    assert record == {"base": str(tiny_model_dir), "nodes": list(nodes)}
+    assert (record["base"], record["nodes"]) == (str(tiny_model_dir), list(nodes))
+    assert record["base_fingerprint"]["vocab_size"] == 400  # checked when it loads
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     for node in nodes:
         for key in ("mean_reward", "rows", "tokens", "format_error_rate"):
