@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.nodes.prompts import ANSWER_INSTRUCTION as ANSWER_INSTRUCTION
+from flowlearn.nodes.schema.context import MAX_QUESTION_CHARS, question_too_long
 from flowlearn.secrets import error_text
 
 
@@ -50,16 +51,27 @@ def row_to_case(row: dict[str, Any], index: int, where: str | None = None) -> Ca
         where: where it was read (`file:line`), to name in messages.
 
     Raises:
-        ValueError: a record without a query or an answer, naming the record.
+        ValueError: a record without a query or an answer (or with a null one), or with a
+            query longer than `MAX_QUESTION_CHARS`, naming the record.
 
     """
+    # `where` (file:line) names the record; "record {index}" beside it counted from 0 and
+    # read as another place ("line 2: record 1")
+    named = f"{where}: the record" if where else f"record {index}"
     query = row.get("query") or row.get("question") or row.get("Question")
-    reference = next((row[k] for k in ("answer", "reference", "Answer") if k in row), None)
+    answer_key = next((k for k in ("answer", "reference", "Answer") if k in row), None)
+    reference = row[answer_key] if answer_key is not None else None
     if not isinstance(query, str) or reference is None:
+        null = [
+            k for k in ("query", "question", "Question", answer_key) if k in row and row[k] is None
+        ]
+        why = f"; its {', '.join(repr(k) for k in null)} is null" if null else ""
         raise ValueError(
-            f"{f'{where}: ' if where else ''}record {index} needs a text 'query' (or "
-            f"'question') and an 'answer'; it has keys {sorted(row)}"
+            f"{named} needs a text 'query' (or 'question') and an 'answer'{why}; it has keys "
+            f"{shown_keys(row)}"
         )
+    if len(query) > MAX_QUESTION_CHARS:
+        raise ValueError(f"{named}: {question_too_long(len(query), MAX_QUESTION_CHARS)}")
     case_id = str(row.get("pid", row.get("id", row.get("idx", index))))
     metadata = {
         k: _literal(v)
@@ -67,6 +79,13 @@ def row_to_case(row: dict[str, Any], index: int, where: str | None = None) -> Ca
         if k not in {"query", "answer", "reference", "pid", "id", "idx", "gen_text_store"}
     }
     return Case(case_id, with_answer_instruction(query), _literal(reference), metadata)
+
+
+def shown_keys(row: dict[str, Any], most: int = 20) -> str:
+    """Return a record's keys for a message: sorted, the first `most`, and how many more."""
+    keys = sorted(map(str, row))
+    more = f" and {len(keys) - most} more" if len(keys) > most else ""
+    return f"{keys[:most]}{more}"
 
 
 Located = list[tuple[str, dict[str, Any]]]

@@ -8,6 +8,8 @@ its message (secrets redacted) instead of a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class FlowlearnError(Exception):
     """Base of every error flowlearn raises on purpose; its message says what to fix."""
@@ -31,9 +33,19 @@ class ServerError(FlowlearnError, RuntimeError):
     The caller redacts the message (a 401 body may echo the bearer token).
     """
 
-    def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(f"generation server answered {status_code}: {message}")
+    def __init__(self, status_code: int, message: str, *, url: str | None = None) -> None:
+        where = f" at {url}" if url else ""
+        super().__init__(f"generation server{where} answered {status_code}: {message}")
         self.status_code = status_code
+
+
+class ServerReplyError(FlowlearnError, RuntimeError):
+    """A generation server's reply could not be used: past its deadline, too large, or malformed.
+
+    Never retried: the same request would spend the same time or bring the same reply. The
+    message names the server (its URL redacted) and what was wrong; nodes record it as the
+    call's engine error.
+    """
 
 
 class TransientEngineError(FlowlearnError):
@@ -54,3 +66,25 @@ class DataError(FlowlearnError, ValueError):
 
 class TrainingDivergedError(FlowlearnError, RuntimeError):
     """Training met a non-finite loss, gradient norm or weight, and stopped before saving it."""
+
+
+class SavedModelError(FlowlearnError, ValueError):
+    """A saved model, adapter or checkpoint flowlearn must not load; the message says why and how.
+
+    Another base's adapters, an adapter larger than its base allows, a checkpoint that pickles
+    Python objects, or a record that is not one: refused before anything is allocated or run.
+    """
+
+
+def brief(names: Sequence[object], most: int = 10) -> str:
+    """Return names for a message: the first `most`, and how many there are in all.
+
+    An error naming every one of 200,001 node names printed them all.
+
+    >>> brief(["a", "b", "c"], most=2)
+    "['a', 'b', ...] (3 in all)"
+    """
+    shown = [str(name)[:80] for name in list(names[:most])]
+    if len(names) <= most:
+        return str(shown)
+    return f"{str(shown)[:-1]}, ...] ({len(names):,} in all)"

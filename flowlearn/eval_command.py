@@ -14,8 +14,10 @@ from flowlearn.evals.reports import write_reports
 from flowlearn.evals.scorers import SCORERS
 from flowlearn.flow_setup import (
     add_flow_options,
+    bound_served_calls,
     check_concurrency,
     check_limit,
+    check_questions,
     context_from_args,
     spec_from_args,
 )
@@ -67,6 +69,7 @@ def eval_command(args: argparse.Namespace) -> int:
         judge=args.judge,
     )
     context = context_from_args(args)
+    check_questions(cases, context)  # before any model loads
     out = args.out or Path("runs") / f"eval-{name}"
     # results are reused only under the settings that made them; a new --limit only
     # changes which cases run
@@ -80,7 +83,7 @@ def eval_command(args: argparse.Namespace) -> int:
         judge=args.judge,
     )
     marker = claim_folder(out, "eval", settings, free_to_change=("limit",))
-    flow = build_flow(spec, context)
+    flow = bound_served_calls(build_flow(spec, context))
     print(flow.settings())
     results = run_eval(
         flow.graph,

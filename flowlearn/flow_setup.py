@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
 from flowlearn.compose import PROMPT_SETS, Flow, FlowSpec, build_flow
+from flowlearn.engine import ServerPolicy
 from flowlearn.errors import UsageError
+from flowlearn.evals.cases import Case
 from flowlearn.nodes.schema.context import Context
 
 __all__ = [
@@ -23,9 +26,11 @@ __all__ = [
     "Flow",
     "UsageError",
     "add_flow_options",
+    "bound_served_calls",
     "build_cli_flow",
     "check_concurrency",
     "check_limit",
+    "check_questions",
     "context_from_args",
     "spec_from_args",
 ]
@@ -37,6 +42,7 @@ CONTEXT_FLAGS = {
     "planner_top_p": "--top-p",
     "planner_max_new_tokens": "--max-new-tokens",
     "seed": "--seed",
+    "max_question_chars": "--max-question-chars",
 }
 """The `Context` fields the CLI sets, and their flags (`--tools` is parsed as a list)."""
 
@@ -104,7 +110,8 @@ def add_flow_options(
         overrides = {"max_turns": max_turns, "planner_temperature": temperature}
         if overrides.get(name) is not None:
             default = overrides[name]
-        kind = int if name in {"max_turns", "planner_max_new_tokens", "seed"} else float
+        counts = {"max_turns", "planner_max_new_tokens", "seed", "max_question_chars"}
+        kind = int if name in counts else float
         help_text = f.metadata["description"] + (f" ({default})" if default is not None else "")
         flow.add_argument(flag, dest=name, type=kind, default=default, help=help_text)
     flow.add_argument(
@@ -163,6 +170,22 @@ def context_from_args(args: argparse.Namespace) -> Context:
         raise UsageError(str(exc)) from exc
 
 
+def check_questions(cases: Sequence[Case], context: Context) -> None:
+    """Refuse, before any model loads, cases whose question the run would refuse.
+
+    Raises:
+        UsageError: naming the first such case, how many there are, and the fix.
+
+    """
+    for number, case in enumerate(cases):
+        try:
+            context.check_question(case.query)
+        except ValueError as exc:
+            rest = sum(len(c.query) > context.max_question_chars for c in cases[number + 1 :])
+            more = f" ({rest} more cases too)" if rest else ""
+            raise UsageError(f"case {case.id!r}{more}: {exc}") from None
+
+
 def spec_from_args(args: argparse.Namespace) -> FlowSpec:
     """Name the flow's parts from the flags; unset ones come from `FLOWLEARN_*` variables."""
     return FlowSpec.from_env(
@@ -188,4 +211,22 @@ def build_cli_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flo
         UsageError: a bad option value or a missing model, with how to fix it.
 
     """
-    return build_flow(spec_from_args(args), context_from_args(args), checkpointer=checkpointer)
+    flow = build_flow(spec_from_args(args), context_from_args(args), checkpointer=checkpointer)
+    return bound_served_calls(flow)
+
+
+def bound_served_calls(flow: Flow) -> Flow:
+    """Cap every served call of `flow` at its run's `max_seconds`, when it has one; return it.
+
+    The planner's calls already end with the run's remaining budget (`Sampling.deadline`).
+    The engine's calls carry no deadline of the run (their settings reach any LangChain chat
+    model, which would not know one), so a served engine's `timeout_s` is cut to the whole
+    budget: a run whose servers fall silent ends within about twice its `--max-seconds`,
+    not after the 300 s each call may otherwise take.
+    """
+    limit = flow.context.max_seconds
+    if limit is not None:
+        for policy in (flow.planner, flow.engine.policy):
+            if isinstance(policy, ServerPolicy):
+                policy.timeout_s = min(policy.timeout_s, limit)
+    return flow

@@ -45,6 +45,10 @@ def store_marker(store: Path) -> Path:
 def read_marker(path: Path) -> dict[str, Any] | None:
     """Return the marker at `path`, or None when there is none.
 
+    A marker is what `_create_marker` writes: a command and a run id. A file of one's own
+    that only looks like one (`{"command": "eval"}`) would otherwise make its folder adopted
+    and its files overwritten.
+
     Raises:
         UsageError: a file that is not a marker, named, rather than a silent new run.
 
@@ -57,6 +61,11 @@ def read_marker(path: Path) -> dict[str, Any] | None:
         raise UsageError(f"{path} is not a flowlearn run marker ({exc}); move it aside") from None
     if not isinstance(record, dict) or not isinstance(record.get("command"), str):
         raise UsageError(f"{path} is not a flowlearn run marker (no command); move it aside")
+    if not isinstance(record.get("run_id"), str) or not record["run_id"]:
+        raise UsageError(
+            f"{path} is not a marker flowlearn wrote (no run_id); move it aside, or give "
+            "another folder (nothing in this one is overwritten)"
+        )
     return record
 
 
@@ -193,10 +202,12 @@ def _check_marker(
         return marker
     now = _as_json(settings)
     before = marker.get("settings")
-    if before is None:  # marked before settings were recorded (a train folder): record them
-        marker = {**marker, "settings": now}
-        write_text_atomically(marker_path, json.dumps(marker, indent=1) + "\n")
-        return marker
+    if not isinstance(before, dict):  # eval and collect write theirs with the marker
+        raise UsageError(
+            f"{flag} {where}: its {marker_path.name} records no settings, so it is not a "
+            f"marker of a flowlearn {command} run; give a new one (nothing in it is "
+            "overwritten)"
+        )
     diff = settings_diff(before, now, ignore=free_to_change)
     if diff:
         raise UsageError(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +15,9 @@ from typing import TYPE_CHECKING, Any, cast
 from flowlearn.engine import ServerPolicy
 from flowlearn.errors import UsageError
 from flowlearn.files import JsonlFile
-from flowlearn.flow_setup import Flow, add_flow_options, build_cli_flow
+from flowlearn.flow_setup import Flow, add_flow_options, build_cli_flow, context_from_args
 from flowlearn.graphs import InputState
+from flowlearn.outputs import claim_store
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -30,7 +33,12 @@ def add_parser(commands: Any) -> None:
         "unless --planner/--engine (or $FLOWLEARN_PLANNER/$FLOWLEARN_ENGINE) name other models.",
     )
     run.add_argument("question", nargs="?", help="the question to answer")
-    run.add_argument("--save", type=Path, help="append the run's trajectory to this JSONL file")
+    run.add_argument(
+        "--save",
+        type=Path,
+        help="append the run's trajectory to this .jsonl file (a new one, or one flowlearn run "
+        "saved to: a file of yours is never appended to)",
+    )
     durable = run.add_argument_group("durable runs (SQLite checkpoints)")
     durable.add_argument("--thread", help="checkpoint the run under this thread id")
     durable.add_argument(
@@ -51,10 +59,16 @@ def add_parser(commands: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Build the flow on local models and answer one question, streaming its turns."""
-    if args.save is not None and args.save.is_dir():
-        raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
+    if args.save is not None and args.save.suffix != ".jsonl":
+        raise UsageError(f"--save {args.save} must be a .jsonl file path")
     if args.resume and not args.thread:
         raise UsageError("--resume needs --thread ID (the run to continue)")
+    if args.question is not None:  # on its length alone, before anything tokenises it
+        try:
+            context_from_args(args).check_question(args.question)
+        except ValueError as exc:
+            if args.question.strip():  # an empty one is told below, with an example
+                raise UsageError(str(exc)) from None
     if args.question is not None and not is_utf8(args.question):
         raise UsageError(
             "the question is not UTF-8 text (the terminal passed undecodable bytes); "
@@ -64,10 +78,13 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError('the question is empty; give one, e.g. flowlearn run "What is 2 + 2?"')
     if args.resume == bool(args.question):
         raise UsageError("give a question, or --resume --thread ID without one")
+    if args.save is not None:  # appended to only when it is a store of flowlearn run's
+        claim_store(args.save, "run", flag="--save")
     if args.thread is None:
         return answer(args, build_cli_flow(args), None, None)
     from langgraph.checkpoint.sqlite import SqliteSaver
 
+    check_checkpoints_file(args.checkpoints)
     args.checkpoints.parent.mkdir(parents=True, exist_ok=True)
     with SqliteSaver.from_conn_string(str(args.checkpoints)) as saver:
         config: RunnableConfig = {"configurable": {"thread_id": args.thread}}
@@ -80,6 +97,40 @@ def run_command(args: argparse.Namespace) -> int:
                 "add --resume to continue it, or use another --thread"
             )
         return answer(args, build_cli_flow(args, checkpointer=saver), saver, config)
+
+
+CHECKPOINT_TABLES = frozenset({"checkpoints", "writes"})
+"""The tables LangGraph's `SqliteSaver` keeps; a `--checkpoints` file holding others is a user's."""
+
+
+def check_checkpoints_file(path: Path) -> None:
+    """Refuse a `--checkpoints` file that is not a SQLite database, or is one of other tables.
+
+    `SqliteSaver` would add its tables to any database it is given, a user's own included.
+
+    Raises:
+        UsageError: naming the file, what is in it, and the fix.
+
+    """
+    if not path.exists() or (path.is_file() and path.stat().st_size == 0):
+        return
+    fix = "give a file of its own, e.g. --checkpoints runs/checkpoints.sqlite"
+    if not path.is_file():
+        raise UsageError(f"--checkpoints {path} is not a file; {fix}")
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        ) as db:
+            rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise UsageError(f"--checkpoints {path} is not a SQLite database ({exc}); {fix}") from None
+    other = sorted({str(name) for (name,) in rows} - CHECKPOINT_TABLES)
+    if other:
+        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        raise UsageError(
+            f"--checkpoints {path} is a database with tables of its own ({shown}); flowlearn "
+            f"would add its checkpoint tables to it: {fix} (nothing in it was changed)"
+        )
 
 
 def answer(args: argparse.Namespace, flow: Flow, saver: Any, config: RunnableConfig | None) -> int:
@@ -127,6 +178,9 @@ def print_update(node: str, update: dict[str, Any]) -> None:
         plan = update.get("plan")
         if plan:
             print(f"[turn {plan['turn']}] planner: {_short(plan['sub_goal'])} -> {plan['tool']}")
+        elif update.get("termination") == "engine_error" and update.get("memory"):
+            record = update["memory"][0]  # the policy call failed: say why, whole
+            print(f"[turn {record['turn']}] planner: {_short(str(record.get('error')), 600)}")
         elif update.get("termination"):
             print(f"[budget] {update['termination']} reached")
         elif update.get("memory"):

@@ -9,11 +9,17 @@ from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flowlearn.compose.names import STUDIO_HOSTS_ENV, studio_hosts
+from flowlearn.nodes.schema.context import MAX_QUESTION_CHARS, QUESTION_CHARS
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""The largest request body the server reads: a question at `MAX_QUESTION_CHARS` (1,000,000
+characters, about 1 MB of JSON) fits with room for its context, and the graph refuses one over
+its own bound with a clear error. Without it a 40 MB question was read, stored and tokenised
+until the kernel killed the server (11 GB)."""
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 """The `Host:` names a local server answers to; `$FLOWLEARN_STUDIO_HOSTS` adds more."""
 HOSTS_ENV = STUDIO_HOSTS_ENV
@@ -46,6 +52,9 @@ class OriginGuard:
        127.0.0.1 and [::1] unless told more) is refused with 421, WebSockets included. A page
        on a DNS-rebinding name resolves to 127.0.0.1 and is same-origin with itself, so it
        sends no foreign `Origin` on a GET; its `Host:` still names it.
+    4. A body over `max_body_bytes` is refused with 413: by its `Content-Length` before a byte
+       is read, and a body sent without one is cut off where it passes the bound (the server
+       sees the client go), so no input, thread state or memory grows the server unbounded.
     """
 
     def __init__(
@@ -55,6 +64,7 @@ class OriginGuard:
         allow_origins: Collection[str],
         allow_origin_regex: str | None = None,
         allow_hosts: Collection[str] = LOCAL_HOSTS,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         if "*" in allow_origins or not (allow_origins or allow_origin_regex):
             raise ValueError(
@@ -65,6 +75,7 @@ class OriginGuard:
         self.allow_origins = frozenset(allow_origins)
         self.allow_origin_regex = re.compile(allow_origin_regex) if allow_origin_regex else None
         self.allow_hosts = frozenset(host_name(h) for h in allow_hosts)
+        self.max_body_bytes = max_body_bytes
 
     def allows(self, origin: str) -> bool:
         """Match an origin as Starlette's CORSMiddleware does: listed, or the regex in full."""
@@ -88,6 +99,11 @@ class OriginGuard:
                 "localhost pages (langgraph.json http.cors), and clients that send no Origin"
             )
         has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        length = headers.get("content-length", "0").strip()
+        if not length.isdigit():
+            return 400, f"Content-Length {length[:40]!r} is not a number of bytes"
+        if int(length) > self.max_body_bytes:
+            return 413, self.too_large(length)
         if scope["type"] == "http" and scope["method"] in _BODY_METHODS and has_body:
             media = headers.get("content-type", "").split(";")[0].strip().lower()
             if media != "application/json" and not media.endswith("+json"):
@@ -97,16 +113,57 @@ class OriginGuard:
                 )
         return None
 
+    def too_large(self, length: str) -> str:
+        """Say that a body of `length` bytes is over the bound, and what the bound is for."""
+        return (
+            f"the request body ({length} bytes) is over the {self.max_body_bytes:,} bytes this "
+            f"server reads; a question may have {QUESTION_CHARS:,} characters (the context's "
+            f"max_question_chars, at most {MAX_QUESTION_CHARS:,})"
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on, or answer it with the refusal (no CORS headers)."""
         refused = self.refusal(scope) if scope["type"] in {"http", "websocket"} else None
-        if refused is None:
+        if refused is None and scope["type"] == "http":
+            await self.bounded(scope, receive, send)
+        elif refused is None:
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket":  # closing before accepting answers HTTP 403
             await send({"type": "websocket.close", "code": 1008, "reason": refused[1][:120]})
         else:
             status, reason = refused
             await JSONResponse({"detail": reason}, status_code=status)(scope, receive, send)
+
+    async def bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass an HTTP request on, counting its body: past the bound the client is gone."""
+        seen, over, started = 0, False, False
+
+        async def counted() -> Message:
+            nonlocal seen, over
+            if over:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:  # streamed without a Content-Length
+                    over = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            if not over:  # past the bound the app's own answer is dropped: ours goes instead
+                started = started or message["type"] == "http.response.start"
+                await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except Exception:  # the app's own end for a client gone mid-body (ClientDisconnect)
+            if not over:
+                raise
+        if over and not started:
+            reply = JSONResponse({"detail": self.too_large(f"over {seen:,}")}, status_code=413)
+            await reply(scope, receive, send)
 
 
 def guard_as_served(app: ASGIApp) -> OriginGuard:

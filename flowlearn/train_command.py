@@ -28,12 +28,17 @@ def train_command(args: argparse.Namespace) -> int:
     """Validate the config, train, and say where the final policy is."""
     from flowlearn.compose import build_training_parts
     from flowlearn.training.config import parse_config
+    from flowlearn.training.offline import fit_offline_shape
     from flowlearn.training.run import check_run, claim_output_dir, resume_point, train
 
+    main_process = os.environ.get("RANK", "0") == "0"  # under `accelerate launch`, it says it
     try:
         config = parse_config(args.options)
         config.check_questions_named()
         resume_from = resume_point(config)  # checked before any model is loaded
+        config, fitted = fit_offline_shape(config, args.options)  # G from --trajectories
+        for line in fitted if main_process else ():
+            print(line)
         resuming = config.resume or resume_from is not None
         check_run(config, resuming=resuming)  # stored rollouts
         claim_output_dir(config, resuming=resuming, create=False)  # checked, nothing written
@@ -43,6 +48,6 @@ def train_command(args: argparse.Namespace) -> int:
         final = train(config, build_training_parts(config), resume_from=resume_from)
     except AdapterError as exc:  # the planner_url server refused an adapter: say why, no trace
         raise UsageError(str(exc)) from exc
-    if os.environ.get("RANK", "0") == "0":  # under `accelerate launch`, the main process says it
+    if main_process:
         print(f"final policy: {final} (use it: flowlearn run QUESTION --planner {final})")
     return 0

@@ -166,8 +166,12 @@ def summarize(text: str, limit: int = 200) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def truncate(text: str, limit: int) -> str:
-    """Cut `text` to `limit` characters with a visible marker saying how much was dropped."""
-    if len(text) <= limit:
+def truncate(text: str, limit: int, *, length: int | None = None) -> str:
+    """Cut `text` to `limit` characters with a visible marker saying how much was dropped.
+
+    `length` is the whole text's length where `text` is already a cut of it.
+    """
+    length = len(text) if length is None else length
+    if length <= limit:
         return text
-    return f"{text[:limit]}\n[... truncated {len(text) - limit} characters]"
+    return f"{text[:limit]}\n[... truncated {length - limit} characters]"

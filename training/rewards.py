@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any
 
 from flowlearn.evals.cases import Case, row_to_case
@@ -136,14 +137,40 @@ class RewardFunctions:
                 raise ValueError(f"{name} returned {len(values)} rewards for 1 completion")
             if values[0] is None:
                 continue
-            value = float(values[0])
-            if not math.isfinite(value):
-                raise ValueError(f"{name} returned a non-finite reward ({value})")
+            value = reward_number(values[0], name)
             total += weight * value
             parts.append(f"{name}={value:g}")
         if not parts:
             raise ValueError("every reward function returned None for this rollout")
         return total, ", ".join(parts)
+
+
+def reward_number(value: object, name: str) -> float:
+    """Return a reward function's value as a float: a finite real number, never text or a bool.
+
+    `float("1.0")` and `float(True)` would pass, but trajectory files refuse `"1"` and `true`
+    as rewards: a function that returns text has a bug the reward must not hide.
+
+    >>> reward_number(1, "f")
+    1.0
+    >>> reward_number("1.0", "f")
+    Traceback (most recent call last):
+    ...
+    ValueError: f returned str '1.0', not a number; return a float, or None where it does not apply
+
+    Raises:
+        ValueError: naming the function and what it returned.
+
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, Real):
+        raise ValueError(
+            f"{name} returned {type(value).__name__} {str(value)[:40]!r}, not a number; return a "
+            "float, or None where it does not apply"
+        )
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} returned a non-finite reward ({number})")
+    return number
 
 
 def dataset_cases(dataset: Iterable[Mapping[str, Any]]) -> list[Case]:
@@ -162,7 +189,7 @@ def dataset_cases(dataset: Iterable[Mapping[str, Any]]) -> list[Case]:
         for column in ANSWER_COLUMNS[3:]:
             if not any(k in record for k in ANSWER_COLUMNS[:3]) and column in record:
                 record["answer"] = record.pop(column)
-        cases.append(row_to_case(record, index, where="train_dataset"))
+        cases.append(row_to_case(record, index, where=f"train_dataset row {index}"))
     if not cases:
         raise ValueError("train_dataset has no rows; give at least one question")
     return cases

@@ -20,6 +20,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 
 from flowlearn.engine.adapters import adapter_names, check_node_name
 from flowlearn.engine.sampling import MAX_NEW_TOKENS
+from flowlearn.errors import brief
 from flowlearn.training.rows import FlowGRPOBatch, Mode, build_flow_grpo_rows
 from flowlearn.training.trajectories import Trajectory
 
@@ -48,6 +50,10 @@ class NodeSettings:
     """This node's tokens per call; None: its prompt set's budget."""
 
 
+MAX_TRAIN_NODES = 64
+"""The most nodes one run trains: one adapter each on the one base, in one optimizer."""
+
+
 def several_roles(train_nodes: Sequence[str]) -> bool:
     """Say whether `train_nodes` asks for node adapters: anything but the planner alone."""
     return list(train_nodes) != ["planner"]
@@ -57,7 +63,8 @@ def check_train_nodes(train_nodes: object) -> list[str]:
     """Return `train_nodes` as a list of distinct node names, or raise naming the problem.
 
     Raises:
-        ValueError: not a non-empty list of distinct node names.
+        ValueError: not a non-empty list of at most `MAX_TRAIN_NODES` distinct node names;
+            the names listed in the message are bounded (`brief`).
 
     """
     if isinstance(train_nodes, str):
@@ -65,11 +72,17 @@ def check_train_nodes(train_nodes: object) -> list[str]:
     if not isinstance(train_nodes, list | tuple) or not train_nodes:
         raise ValueError(
             f"train_nodes must name at least one node whose calls are trained, e.g. [planner, "
-            f"verifier]; got {train_nodes!r}"
+            f"verifier]; got {str(train_nodes)[:200]}"
+        )
+    if len(train_nodes) > MAX_TRAIN_NODES:
+        raise ValueError(
+            f"train_nodes names {len(train_nodes):,} nodes ({brief(train_nodes)}); at most "
+            f"{MAX_TRAIN_NODES} can train, each with an adapter of its own"
         )
     names = [check_node_name(n) for n in train_nodes]
-    if len(set(names)) != len(names):
-        raise ValueError(f"train_nodes names a node twice: {names}")
+    twice = [n for n, k in Counter(names).items() if k > 1]
+    if twice:
+        raise ValueError(f"train_nodes names {brief(twice)} more than once; name each node once")
     return names
 
 
@@ -230,14 +243,17 @@ class TrainedRoles:
 
         Raises:
             ValueError: a configured node without its adapter on `model`, or `nodes` that
-                disagree with `train_nodes`.
+                disagree with `train_nodes` or name a node twice.
 
         """
         configured = list(getattr(args, "train_nodes", None) or [])
+        twice = [n for n, k in Counter(rows_from or ()).items() if k > 1]
+        if twice:  # the trainer's `nodes`: each once, as `train_nodes`
+            raise ValueError(f"nodes names {brief(twice)} more than once; name each node once")
         if configured and several_roles(configured):
             nodes = configured
             if rows_from is not None and sorted(rows_from) != sorted(nodes):
-                raise ValueError(f"nodes {list(rows_from)} differ from train_nodes {nodes}")
+                raise ValueError(f"nodes {brief(rows_from)} differ from train_nodes {nodes}")
         elif rows_from and several_roles(rows_from) and set(rows_from) <= set(adapter_names(model)):
             nodes = list(rows_from)
         else:

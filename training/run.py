@@ -48,6 +48,7 @@ from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.model import check_finite_weights, init_kwargs_kept_from_trl
 from flowlearn.training.rollouts import Rollouts, format_penalty, new_run_id
 from flowlearn.training.rows import StepCredit
+from flowlearn.training.schedule import check_resumed_step
 from flowlearn.training.trainer import FlowGRPOTrainer
 from flowlearn.training.trajectories import TrajectoryStore, load_trajectories
 from flowlearn.training.vllm.lora_server import ServerGeneration, served_base_name
@@ -199,7 +200,9 @@ def resume_point(config: FlowGRPOConfig) -> Path | None:
     if config.resume and config.resume_from_checkpoint:
         raise ValueError("give resume or resume_from_checkpoint, not both")
     if config.resume_from_checkpoint:
-        return Path(config.resume_from_checkpoint)
+        given = Path(config.resume_from_checkpoint)
+        check_resumed_step(given, config.max_steps)  # before any model loads
+        return given
     if not config.resume:
         return None
     found = last_complete_checkpoint(str(config.output_dir))
@@ -210,6 +213,7 @@ def resume_point(config: FlowGRPOConfig) -> Path | None:
             f"resume: no complete checkpoint in {config.output_dir}; "
             "run without --resume to start fresh"
         )
+    check_resumed_step(found, config.max_steps)  # before any model loads
     return found
 
 
@@ -419,13 +423,20 @@ def check_run(config: Any, *, resuming: bool) -> str | None:
 def open_run(config: Any, *, resuming: bool) -> str:
     """Check as `check_run`, write the run record, and return this run's id.
 
-    A resumed run keeps its id; a fresh one gets a new id. Call it on the main process only.
+    A resumed run keeps its id; a fresh one takes its folder's (the marker's `run_id`), so
+    `run.json`, the rollout ids and `flowlearn-run.json` name the run alike; a folder whose
+    marker names another id (an older flowlearn's) has its marker brought to the run's.
+    Call it on the main process only.
     """
-    run_id = check_run(config, resuming=resuming) or new_run_id()
+    out = Path(str(config.output_dir))
+    marker = read_marker(out / MARKER)
+    run_id = check_run(config, resuming=resuming) or (marker or {}).get("run_id") or new_run_id()
     record = {"run_id": run_id, "rollout_settings": rollout_settings(config)}
-    path = Path(str(config.output_dir)) / RUN_FILE
-    write_text_atomically(path, json.dumps(record, indent=1) + "\n")
-    return run_id
+    write_text_atomically(out / RUN_FILE, json.dumps(record, indent=1) + "\n")
+    if marker is not None and marker["run_id"] != run_id:
+        marked = {**marker, "run_id": run_id}
+        write_text_atomically(out / MARKER, json.dumps(marked, indent=1) + "\n")
+    return str(run_id)
 
 
 def is_complete(folder: Path) -> bool:

@@ -62,6 +62,7 @@ from flowlearn.training.metrics import (
     read_metrics,
 )
 from flowlearn.training.model import (
+    check_checkpoint,
     frozen_reference,
     init_kwargs_kept_from_trl,
     install_reference,
@@ -89,6 +90,7 @@ from flowlearn.training.rollouts import (
     unused_reward,
 )
 from flowlearn.training.rows import Mode, Scale, StepCredit, build_flow_grpo_rows, check_mode
+from flowlearn.training.schedule import check_resumed_step, rebuild_schedule, warn_if_not_learning
 from flowlearn.training.trajectories import Trajectory, TrajectoryStore
 from flowlearn.training.vllm.lora_server import ServerGeneration
 from flowlearn.training.vllm.trl_engine import (
@@ -101,6 +103,24 @@ from flowlearn.training.vllm.trl_engine import (
 __all__ = ["FlowGRPOTrainer", "cases_dataset", "read_metrics", "unused_reward"]
 
 logger = logging.getLogger(__name__)
+
+
+def embedding_rows(model: Any) -> int:
+    """Return the rows of `model`'s input embedding: the ids it can read.
+
+    The tokenizer's length may be smaller: Qwen2.5 pads its vocabulary, and a model may sample
+    a padded id.
+    """
+    return int(getattr(model, "module", model).get_input_embeddings().num_embeddings)
+
+
+def check_questions(context: Context, questions: Sequence[Any]) -> None:
+    """Refuse a question `context` would refuse (`Context.check_question`), naming its id."""
+    for case in questions:
+        try:
+            context.check_question(case.query)
+        except ValueError as exc:
+            raise ValueError(f"question {case.id!r}: {exc}") from None
 
 
 class FlowGRPOTrainer(GRPOTrainer):
@@ -163,8 +183,8 @@ class FlowGRPOTrainer(GRPOTrainer):
             **kwargs: passed to `GRPOTrainer` (e.g. `processing_class`, `callbacks`).
 
         Raises:
-            ValueError: settings that disagree, both shapes at once, or fewer questions than
-                one step takes.
+            ValueError: settings that disagree, both shapes at once, fewer questions than
+                one step takes, or a question over the context's `max_question_chars`.
 
         """
         model, args, source, self.flow_parts = resolve_source(
@@ -177,6 +197,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.flow_context = context or context_from(args)
         questions = source.questions()
         check_settings(args, self.flow_context, len(questions), offline=isinstance(source, Replay))
+        if isinstance(source, Rollouts):  # before any rollout
+            check_questions(self.flow_context, questions)
         self.source = source
         self.roles = TrainedRoles.of(args, model, nodes)  # several nodes: an adapter each
         self.nodes = list(self.roles.nodes) if self.roles else nodes
@@ -317,6 +339,7 @@ class FlowGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         started = time.perf_counter()
+        warn_if_not_learning(self.optimizer, self.state.global_step + 1)  # rollouts cost
         cases = sampled_cases(inputs)  # TRL repeats each prompt G times; we roll out G times
         if isinstance(self.source, Replay):
             trajectories = self.source.run(cases)
@@ -330,6 +353,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             sampling=self.flow_context.planner_sampling(),  # stored/offline rows checked
             mask_truncated=self.flow_args.mask_truncated_completions,  # DAPO's overlong filter
             end_ids={*self.eos_token_ids, self._tokenizer.pad_token_id},  # TRL's eos_and_pad
+            vocab_size=embedding_rows(self.model),  # an id past it is refused, not an IndexError
         )
         node_stats: dict[str, dict[str, Any]] = {}
         if self.roles is not None:  # each node's rows, advantages and weights (`roles`)
@@ -423,16 +447,31 @@ class FlowGRPOTrainer(GRPOTrainer):
             self.optimizer = optimizer = node_learning_rates(optimizer, live, rates)
         return optimizer
 
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Load TRL's optimizer and schedule, the step checked, the schedule rebuilt (`schedule`).
+
+        Raises:
+            ValueError: a checkpoint whose `global_step` cannot be its own (`check_resumed_step`).
+
+        """
+        if checkpoint is not None:
+            check_resumed_step(Path(checkpoint), self.args.max_steps)
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            rebuild_schedule(self.lr_scheduler)  # for this run's max_steps, not the old one's
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        """Load a checkpoint's weights; with node adapters, each node's from `<node>/`."""
+        """Load a checkpoint's weights; with node adapters, each node's from `<node>/`.
+
+        Called before the optimizer, scheduler and RNG states load, so the checkpoint is
+        checked here first (`check_checkpoint`): no pickled objects, the model's shapes.
+        """
+        live = self.accelerator.unwrap_model(model or self.model)
+        check_checkpoint(Path(resume_from_checkpoint), live)
         if self.roles is None:
             super()._load_from_checkpoint(resume_from_checkpoint, model)
             return
-        load_node_checkpoint(
-            self.accelerator.unwrap_model(model or self.model),
-            Path(resume_from_checkpoint),
-            self.roles.nodes,
-        )
+        load_node_checkpoint(live, Path(resume_from_checkpoint), self.roles.nodes)
 
     def _reference_logps(self, tensors: dict[str, Any]) -> Any:
         """Recompute the old logprobs if asked; return the reference's (None at beta 0)."""

@@ -1,4 +1,11 @@
-"""Trajectories: one rollout with its outcome, an append-only JSONL store, Parquet export."""
+"""Trajectories: one rollout with its outcome, an append-only JSONL store, Parquet export.
+
+Every text of a trajectory is redacted (`flowlearn.secrets.redact_record`) where it is
+serialised, `to_json` and `to_table`: the one place every written rollout passes, whatever graph
+made it (flowlearn's, whose executor redacts tool results before memory, or a user's, whose
+tools' text reaches the record unchecked). Token ids, logprobs and rewards are numbers and are
+written exactly.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +18,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
+from flowlearn.engine.sampling import token_problem
 from flowlearn.errors import DataError
 from flowlearn.files import JsonlFile, write_atomically
 from flowlearn.nodes.schema.records import Transition
+from flowlearn.secrets import redact_record
 
 SCHEMA_VERSION = 2
 """2: `steps` became `turns` (planner turns); version-1 records still load."""
@@ -60,16 +69,22 @@ class Trajectory:
         return self.reward + sum(self.reward_terms.values())
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-serializable dict (transitions included)."""
+        """Return a JSON-serializable dict (transitions included), its texts as they are."""
         return asdict(self)
+
+    def to_record(self) -> dict[str, Any]:
+        """Return `to_dict` with every text redacted: the form a trajectory is written in."""
+        record: dict[str, Any] = redact_record(self.to_dict())
+        return record
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
         """Rebuild a trajectory from `to_dict` output, checking the schema version.
 
         Raises:
-            DataError: a reward, reward term or logged logprob that is not a finite number
-                (named by field), checked before anything else is built.
+            DataError: a reward, reward term or logged logprob that is not a finite number, or
+                a token id or logprob no policy samples (`bad_token_field`), named by field
+                and checked before anything else is built.
             ValueError: a newer schema version than this code reads, or missing fields.
 
         """
@@ -89,8 +104,8 @@ class Trajectory:
         return cls(**values)
 
     def to_json(self) -> str:
-        """Return the trajectory as one JSON line."""
-        return json.dumps(self.to_dict(), ensure_ascii=False, default=str)
+        """Return the trajectory as one JSON line, its texts redacted (`to_record`)."""
+        return json.dumps(self.to_record(), ensure_ascii=False, default=str)
 
 
 def _is_finite_number(value: Any) -> bool:
@@ -98,37 +113,61 @@ def _is_finite_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+MAX_REWARD = 1e6
+"""The largest reward (or reward term) in size: 1e308 is finite, yet a group's spread of such
+rewards overflows to infinity and its advantages to NaN. Scorers give [0, 1]."""
+
+
+def _is_reward(value: Any) -> bool:
+    """Whether `value` is a finite real number no larger than `MAX_REWARD` in size."""
+    return _is_finite_number(value) and abs(value) <= MAX_REWARD
+
+
 def non_finite_field(data: Mapping[str, Any]) -> str | None:
-    """Return `field = value` for the first reward, reward term or logprob that is not finite.
+    """Return `field = value` for the first reward or reward term that is not finite.
 
-    None when every one is a finite real number.
+    None when every one is a finite real number. (Logprobs are `bad_token_field`'s.)
 
-    These are what the advantage and the importance ratio are computed from: one NaN,
-    infinity (JSON's `Infinity`, or `1e999`, which overflows to it), string or bool there turns
-    a whole group's update into NaN or a crash, so it must never reach the trainer.
+    These are what the advantage is computed from: one NaN, infinity (JSON's `Infinity`, or
+    `1e999`, which overflows to it), string or bool there turns a whole group's update into
+    NaN or a crash, so it must never reach the trainer.
     """
-    if "reward" in data and not _is_finite_number(data["reward"]):  # a missing one: not a record
+    if "reward" in data and not _is_reward(data["reward"]):  # a missing one: not a record
         return f"reward = {data.get('reward')!r}"
     terms = data.get("reward_terms") or {}
     if not isinstance(terms, Mapping):
         return f"reward_terms = {terms!r}"
     for name, value in terms.items():
-        if not _is_finite_number(value):
+        if not _is_reward(value):
             return f"reward_terms.{name} = {value!r}"
-    for i, transition in enumerate(data.get("transitions") or []):
-        logprobs = transition.get("logprobs") if isinstance(transition, Mapping) else None
-        if logprobs is None:
-            continue
-        if not isinstance(logprobs, list):
-            return f"transitions[{i}].logprobs = {logprobs!r}"
-        for j, value in enumerate(logprobs):
-            if not _is_finite_number(value):
-                return f"transitions[{i}].logprobs[{j}] = {value!r}"
+    return None
+
+
+TOKEN_RULE = (
+    "token ids must be whole numbers >= 0 within the policy's vocabulary, and logprobs finite "
+    "numbers <= 0, as a policy samples them; a record that breaks this was not written by the "
+    "model being trained (a server serving another model, or an edited file)"
+)
+"""Why a recorded id or logprob is refused, for the messages that refuse one."""
+
+
+def bad_token_field(data: Mapping[str, Any], vocab_size: int | None = None) -> str | None:
+    """Return `transitions[i].field = value (why)` for the first id or logprob not to train on.
+
+    None when every transition's ids and logprobs pass `engine.sampling.token_problem`, the
+    rule a served policy's reply is checked by where it arrives; without `vocab_size` ids are
+    only checked to be whole numbers >= 0 (a trajectory file does not say its vocabulary).
+    """
+    transitions = data.get("transitions") or []
+    for i, transition in enumerate(transitions if isinstance(transitions, list) else []):
+        problem = token_problem(transition, vocab_size) if isinstance(transition, Mapping) else None
+        if problem is not None:
+            return f"transitions[{i}].{problem}"
     return None
 
 
 def check_finite_fields(data: Mapping[str, Any]) -> None:
-    """Refuse a trajectory record whose rewards or logprobs are not all finite numbers.
+    """Refuse a trajectory record whose rewards, token ids or logprobs training must not use.
 
     Raises:
         DataError: naming the field and its value.
@@ -137,31 +176,33 @@ def check_finite_fields(data: Mapping[str, Any]) -> None:
     bad = non_finite_field(data)
     if bad is not None:
         raise DataError(
-            f"field {bad} is not a finite number; a reward must be a real number (the scorer's "
-            "value in [0, 1]), never NaN, Infinity, a string or a bool. Fix or remove the record"
+            f"field {bad} is not a finite number within ±{MAX_REWARD:g}; a reward must be a "
+            "real number (the scorer's value in [0, 1]), never NaN, Infinity, a string or a "
+            "bool, nor so large that its group's spread overflows. Fix or remove the record"
         )
+    bad = bad_token_field(data)
+    if bad is not None:
+        raise DataError(f"field {bad}: {TOKEN_RULE}. Fix or remove the record")
 
 
 def check_trajectories(trajectories: Iterable[Trajectory]) -> None:
-    """Refuse in-memory trajectories with a non-finite reward, reward term or logprob.
+    """Refuse in-memory trajectories with a non-finite reward, or a bad token id or logprob.
 
     Raises:
         DataError: naming the trajectory and field.
 
     """
     for trajectory in trajectories:
-        bad = non_finite_field(
-            {
-                "reward": trajectory.reward,
-                "reward_terms": trajectory.reward_terms,
-                "transitions": trajectory.transitions,
-            }
-        )
+        rewards = {"reward": trajectory.reward, "reward_terms": trajectory.reward_terms}
+        bad = non_finite_field(rewards)
         if bad is not None:
             raise DataError(
-                f"trajectory {trajectory.trajectory_id!r}: field {bad} is not a finite number; "
-                "it would turn its group's advantages into NaN"
+                f"trajectory {trajectory.trajectory_id!r}: field {bad} is not a finite number "
+                f"within ±{MAX_REWARD:g}; it would turn its group's advantages into NaN"
             )
+        bad = bad_token_field({"transitions": trajectory.transitions})
+        if bad is not None:
+            raise DataError(f"trajectory {trajectory.trajectory_id!r}: field {bad}: {TOKEN_RULE}")
 
 
 def trajectory_from_state(
@@ -173,7 +214,19 @@ def trajectory_from_state(
     context: dict[str, Any] | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> Trajectory:
-    """Turn the flow's final state into an (as yet unrewarded) trajectory."""
+    """Turn the flow's final state into an (as yet unrewarded) trajectory.
+
+    Raises:
+        TypeError: an answer that is not text (a graph's `answer=` function returning another
+            object), rather than its `repr` scored and stored as the answer.
+
+    """
+    answer = state.get("answer", "")
+    if not isinstance(answer, str):
+        raise TypeError(
+            f"the graph's answer is of type {type(answer).__name__}, not text: make the final "
+            "state's answer (trainable_graph's answer= function) a string"
+        )
     transitions = [
         cast(Transition, {**t, "trajectory_id": trajectory_id, "group_id": group_id})
         for t in state.get("transitions", [])
@@ -183,7 +236,7 @@ def trajectory_from_state(
         group_id=group_id,
         question=state.get("question", ""),
         reference=reference,
-        answer=state.get("answer", ""),
+        answer=answer,
         final_text=state.get("final_text", ""),
         reward=0.0,
         turns=state.get("turn", 0),
@@ -213,9 +266,12 @@ class TrajectoryStore:
         Raises:
             DataError: a NaN, infinite or non-numeric reward (or reward term, or logprob): it
                 would turn every advantage of its group into NaN, so it is refused before
-                anything is written.
+                anything is written; so is a token id or logprob no policy samples.
 
         """
+        bad = bad_token_field({"transitions": trajectory.transitions})
+        if bad is not None:
+            raise DataError(f"trajectory {trajectory.trajectory_id!r}: field {bad}: {TOKEN_RULE}")
         try:
             check_trajectories([trajectory])
         except DataError as exc:
@@ -277,12 +333,12 @@ class TrajectoryStore:
 
 
 def to_table(trajectories: Iterable[Trajectory]) -> Any:
-    """Return a `pyarrow.Table`, one row per trajectory, nested fields as JSON text."""
+    """Return a `pyarrow.Table`, one row per trajectory, nested fields as JSON text, redacted."""
     import pyarrow as pa
 
     rows = []
     for trajectory in trajectories:
-        row = trajectory.to_dict()
+        row = trajectory.to_record()
         for column in _JSON_COLUMNS:
             row[column] = json.dumps(row[column], ensure_ascii=False, default=str)
         rows.append(row)

@@ -77,6 +77,12 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
                 scorer=scorer,
                 limit=config.limit,
             )
+            context = config.context()
+            for case in cases:  # a question the rollouts would refuse: before any model loads
+                try:
+                    context.check_question(case.query)
+                except ValueError as exc:
+                    raise ValueError(f"case {case.id!r}: {exc}") from None
             data = (cases, score)
         device = "cpu" if config.use_cpu else None  # None: CUDA when available
         model, tokenizer, lora = load_planner(config, spec.planner, spec.cache_dir, device)

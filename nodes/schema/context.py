@@ -15,6 +15,19 @@ MAX_TURNS = 100
 """The most planner turns a run may take (the paper: 10 at inference, 3 in training)."""
 MAX_SECONDS = 7 * 24 * 3600.0
 """The longest wall-clock budget a run may have: a week."""
+MIN_SECONDS = 0.1
+"""The shortest: the budget is checked before each turn, and a turn once started runs to its
+end, so a budget shorter than any model call (`1e-300`) would only let the first turn overrun it."""
+QUESTION_CHARS = 100_000
+"""The default bound on a question's characters (`Context.max_question_chars`).
+
+Checked before anything tokenises the question: tokenising costs about 350 bytes a token, so a
+4 MB question once grew a run by 1.4 GB and a 40 MB one killed the server. 100,000 characters
+is about 25,000 tokens: beyond the window of the embedded model (8k) and of most planners, and
+some twenty times the longest question of the registered benchmarks."""
+MAX_QUESTION_CHARS = 1_000_000
+"""The most `max_question_chars` may be raised to (about 250,000 tokens, some 90 MB to
+tokenise), and the bound on any question a data file holds."""
 MAX_RESULT_CHARS = 1_000_000
 """The most characters of one tool result kept in memory."""
 MAX_TOOL_TIMEOUT_S = 3600.0
@@ -89,6 +102,13 @@ class Context:
             "timeout error and the flow moves on (the python tool has its own, shorter limit)."
         },
     )
+    max_question_chars: int = field(
+        default=QUESTION_CHARS,
+        metadata={
+            "description": "A longer question is refused before it is tokenised (at most "
+            f"{MAX_QUESTION_CHARS:,})."
+        },
+    )
 
     def __post_init__(self) -> None:
         # Every bound is named in its message: a run, or a Studio form, that asks for 1e22
@@ -104,6 +124,12 @@ class Context:
                 "max_seconds must be > 0 (a finite number of seconds) and at most "
                 f"{MAX_SECONDS:g} (a week), or None for no limit; got {self.max_seconds!r}"
             )
+        if self.max_seconds is not None and self.max_seconds < MIN_SECONDS:
+            raise ValueError(
+                f"max_seconds {self.max_seconds!r} is below {MIN_SECONDS:g}: the budget is "
+                "checked before each turn, so the first turn would run past it; give at least "
+                f"{MIN_SECONDS:g} seconds, or None for no limit"
+            )
         try:
             self.planner_sampling()
         except ValueError as exc:
@@ -115,6 +141,14 @@ class Context:
             raise ValueError(
                 f"max_result_chars must be a whole number in [100, {MAX_RESULT_CHARS}], "
                 f"got {self.max_result_chars!r}"
+            )
+        if (
+            not _whole(self.max_question_chars)
+            or not 1 <= self.max_question_chars <= MAX_QUESTION_CHARS
+        ):
+            raise ValueError(
+                f"max_question_chars must be a whole number in [1, {MAX_QUESTION_CHARS}], "
+                f"got {self.max_question_chars!r}"
             )
         if not _positive(self.tool_timeout_s, MAX_TOOL_TIMEOUT_S):
             raise ValueError(
@@ -138,6 +172,26 @@ class Context:
                     "unset (None) to enable every bound tool"
                 )
             object.__setattr__(self, "tools", names)
+
+    def check_question(self, question: object) -> str:
+        """Return `question` if the run may take it: text, not blank, within `max_question_chars`.
+
+        Checked on its length alone, before anything tokenises it.
+
+        Raises:
+            ValueError: a question that is not text, is blank, or is too long, saying the fix.
+
+        """
+        if not isinstance(question, str):
+            raise ValueError(
+                f"the question must be text, got {type(question).__name__}: invoke the graph "
+                "with {'question': '...'}"
+            )
+        if len(question) > self.max_question_chars:
+            raise ValueError(question_too_long(len(question), self.max_question_chars))
+        if not question.strip():
+            raise ValueError("the question is empty: invoke the graph with a non-empty 'question'")
+        return question
 
     def planner_sampling(self) -> Sampling:
         """Return the planner's sampling settings: the one place they are assembled."""
@@ -163,6 +217,20 @@ class Context:
         if unknown:
             raise ValueError(f"unknown context keys {unknown}; known keys are {sorted(known)}")
         return cls(**data)
+
+
+def question_too_long(length: int, limit: int) -> str:
+    """Say that a question of `length` characters is over `limit`, and what to do."""
+    fix = (
+        "shorten it, or raise the context's max_question_chars (--max-question-chars), at most "
+        f"{MAX_QUESTION_CHARS:,}"
+        if limit < MAX_QUESTION_CHARS
+        else "shorten it"
+    )
+    return (
+        f"the question has {length:,} characters, more than the {limit:,} a run takes "
+        f"(max_question_chars; it is refused before tokenising); {fix}"
+    )
 
 
 def _positive(value: object, most: float = math.inf) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired
+
+from typing_extensions import TypedDict  # not typing's: pydantic refuses it before Python 3.12
 
 ParseStatus = Literal["ok", "format_error", "unknown_tool", "unclear", "no_answer_tags", "error"]
 

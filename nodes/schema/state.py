@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Literal, TypedDict
+from typing import Annotated, Literal
+
+# typing_extensions, not typing: pydantic (LangGraph's input and output JSON schemas, Studio's
+# form) refuses `typing.TypedDict` on Python < 3.12.
+from typing_extensions import TypedDict
 
 from flowlearn.nodes.schema.records import Plan, StepRecord, Transition
 

@@ -67,7 +67,7 @@ def test_local_loaders_agree(tmp_path: Path) -> None:
     assert json_cases[1].query == "Q2 <answer></answer>"
     assert json_cases[1].metadata["options"] == ["A. z"]
     (tmp_path / "bad.json").write_text(json.dumps([{"id": 1}]))
-    with pytest.raises(ValueError, match="record 0 needs a text 'query'"):
+    with pytest.raises(ValueError, match=r"bad.json:1: the record needs a text 'query'"):
         load_cases(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="unsupported file type"):
         (tmp_path / "c.csv").write_text("x")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,3 +145,34 @@ def test_python_is_off_in_the_studio_graph_unless_enabled() -> None:
     assert [t.name for t in build_tools(off, FakeChatModel())] == ["local_search", "generalist"]
     with pytest.raises(UsageError, match=f"{STUDIO_PYTHON_ENV}=1"):
         check_names(off, tools=["python"])
+
+
+def test_a_body_over_the_bound_is_refused_before_the_server_reads_it() -> None:
+    from flowlearn.nodes.schema.context import MAX_QUESTION_CHARS
+    from flowlearn.studio_http import MAX_BODY_BYTES
+
+    read: list[int] = []
+
+    async def runs(request: Request) -> JSONResponse:
+        read.append(len(await request.body()))
+        return JSONResponse({"started": True})
+
+    inner = Starlette(routes=[Route("/runs", runs, methods=["POST"])])
+    guard = OriginGuard(inner, allow_origins=CORS["allow_origins"], max_body_bytes=1000)
+    client = TestClient(guard, base_url="http://127.0.0.1:2024")
+    headers = {"Content-Type": "application/json"}
+    big = json.dumps({"input": {"question": "7" * 2000}}).encode()
+    answer = client.post("/runs", content=big, headers=headers)  # with its Content-Length
+    assert answer.status_code == 413 and "max_question_chars" in answer.json()["detail"]
+
+    def streamed() -> Any:  # no Content-Length: counted as it arrives
+        yield big[:600]
+        yield big[600:]
+
+    answer = client.post("/runs", content=streamed(), headers=headers)
+    assert answer.status_code == 413 and read == []  # the app never got the body
+    assert client.post("/runs", content=b'{"input": {}}', headers=headers).status_code == 200
+    assert read == [len(b'{"input": {}}')]
+    # the default admits a question at the ceiling, and refuses the 40 MB that killed a server
+    assert len(json.dumps({"input": {"question": "7" * MAX_QUESTION_CHARS}})) < MAX_BODY_BYTES
+    assert MAX_BODY_BYTES < 40 * 10**6

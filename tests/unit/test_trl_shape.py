@@ -149,7 +149,7 @@ def test_dataset_columns_in_trls_and_our_spellings() -> None:
     assert [c.id for c in cases] == ["x", "1", "2"]
     assert [c.query.split("\n")[0] for c in cases] == ["A?", "B?", "C?"]
     assert [c.reference for c in cases] == ["a", "b", "c"]
-    with pytest.raises(ValueError, match=r"record 0 needs a text 'query'.*keys \['text'\]"):
+    with pytest.raises(ValueError, match=r"row 0: the record needs a text 'query'.*\['text'\]"):
         dataset_cases([{"text": "no question"}])
     with pytest.raises(ValueError, match="row 0: its prompt has no user message"):
         dataset_cases([{"prompt": [{"role": "system", "content": "s"}], "answer": "a"}])
@@ -209,7 +209,8 @@ def test_several_trained_nodes_from_a_model_name_in_trls_shape(
     assert (final / "planner" / "adapter_config.json").is_file()
     assert (final / "verifier" / "adapter_config.json").is_file()
     record = json.loads((final / "flowlearn_adapters.json").read_text())
-    assert record == {"base": str(tiny_model_dir), "nodes": ["planner", "verifier"]}
+    assert (record["base"], record["nodes"]) == (str(tiny_model_dir), ["planner", "verifier"])
+    assert record["base_kind"] == "folder" and record["base_fingerprint"]["vocab_size"] == 400
 
 
 @pytest.mark.slow
