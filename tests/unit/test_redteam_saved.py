@@ -198,6 +198,7 @@ sys.exit(status)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["result", "adapter folder"])
 def test_an_edited_huge_rank_is_refused_fast_with_bounded_memory(
     models: dict[str, Path], tmp_path: Path, kind: str

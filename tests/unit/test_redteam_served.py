@@ -394,6 +394,7 @@ def test_a_trained_executor_and_verifier_on_a_failing_server_are_recorded_never_
     assert state["termination"] == "engine_error" and state["answer"] == "x"
 
 
+@pytest.mark.slow
 def test_flowlearn_run_against_a_silent_planner_server_ends_in_its_budget(
     tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

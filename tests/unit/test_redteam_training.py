@@ -37,6 +37,7 @@ def logged_rates(trainer: Any) -> dict[int, float]:
     return {h["step"]: h["learning_rate"] for h in trainer.state.log_history if "loss" in h}
 
 
+@pytest.mark.slow
 def test_extending_a_finished_run_trains_the_added_steps_at_a_positive_rate(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
