@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -29,6 +31,23 @@ MIN_LOGPROB = -1000.0
 
 def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+CALL_DEADLINE: ContextVar[float | None] = ContextVar("flowlearn_call_deadline", default=None)
+"""When the running node's model calls must end (a `time.time()` value), or None: the run's
+`max_seconds` budget, set around each node (`nodes.render.within_run_budget`). A served call
+(`ServerPolicy`) whose `Sampling.deadline` is None honours it, so the engine's calls and a
+trained node's end with the run's budget as the planner's do."""
+
+
+@contextmanager
+def calls_until(deadline: float | None) -> Iterator[None]:
+    """Make `deadline` the `CALL_DEADLINE` of the model calls made inside the block."""
+    token = CALL_DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        CALL_DEADLINE.reset(token)
 
 
 @dataclass(frozen=True, kw_only=True)

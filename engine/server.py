@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flowlearn.engine.local import chat_prompt_ids
-from flowlearn.engine.sampling import Generation, Messages, Sampling, token_problem
+from flowlearn.engine.sampling import (
+    CALL_DEADLINE,
+    Generation,
+    Messages,
+    Sampling,
+    token_problem,
+)
 from flowlearn.engine.stops import StopWatch
 from flowlearn.errors import ServerError, ServerReplyError
 from flowlearn.secrets import redact, remember, url_secrets
@@ -237,9 +243,10 @@ class ServerPolicy:
             ServerReplyError: the run's deadline has already passed; nothing is sent.
 
         """
-        if sampling.deadline is None:
+        deadline = sampling.deadline if sampling.deadline is not None else CALL_DEADLINE.get()
+        if deadline is None:
             return self.timeout_s, "the policy's timeout_s"
-        left = sampling.deadline - time.time()
+        left = deadline - time.time()
         if left <= 0:
             raise ServerReplyError(
                 f"no time was left in the run's budget (max_seconds) for a call to the "

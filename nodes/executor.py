@@ -39,6 +39,7 @@ from flowlearn.nodes.render import (
     summarize,
     transition,
     truncate,
+    within_run_budget,
 )
 from flowlearn.nodes.retry import ENGINE_RETRY, engine_error, retrying
 from flowlearn.nodes.schema.context import Context
@@ -333,7 +334,7 @@ def make_executor(
         )
         return {"memory": [record], "transitions": [made]}
 
-    return executor
+    return within_run_budget(executor)
 
 
 Proposal = Callable[

@@ -18,7 +18,7 @@ from langgraph.types import RetryPolicy
 from flowlearn.nodes.engine_calls import EngineReply, role_call
 from flowlearn.nodes.parsing import read_answer
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, ANSWER_STOP, Prompts
-from flowlearn.nodes.render import emit, memory_prompt, transition
+from flowlearn.nodes.render import emit, memory_prompt, transition, within_run_budget
 from flowlearn.nodes.retry import ENGINE_RETRY
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus
@@ -119,4 +119,4 @@ def make_generator(
             ],
         }
 
-    return generator
+    return within_run_budget(generator)

@@ -22,8 +22,10 @@ from flowlearn.nodes.render import (
     policy_transition,
     prompt_messages,
     render_memory,
+    run_deadline,
     summarize,
     transition,
+    within_run_budget,
 )
 from flowlearn.nodes.retry import ENGINE_RETRY, engine_error, retrying
 from flowlearn.nodes.schema.context import Context
@@ -137,18 +139,6 @@ def spent_budget(state: State, context: Context, now: float) -> str | None:
 
 POLICY = "the planner's policy"
 """What a failed policy call's recorded error names as the caller."""
-
-
-def run_deadline(state: State, context: Context) -> float | None:
-    """Return when the run's `max_seconds` budget ends (a `time.time()` value), or None.
-
-    The planner's policy calls carry it (`Sampling.deadline`), so a served policy gives up
-    on a silent or slow server when the run's time is up instead of holding the run past it.
-    """
-    started = state.get("started_at")
-    if context.max_seconds is None or started is None:
-        return None
-    return started + context.max_seconds
 
 
 def failed_decision(
@@ -387,4 +377,4 @@ def make_planner(
             return failed_decision(update, turn, messages, exc, seconds, runtime)
         return record_decision(update, turn, messages, gen, available, runtime, prefix)
 
-    return planner
+    return within_run_budget(planner)

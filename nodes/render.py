@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from flowlearn.engine.sampling import Generation
+from flowlearn.engine.sampling import Generation, calls_until
 from flowlearn.nodes.prompts import ANSWER_INSTRUCTION, EMPTY_MEMORY, SYSTEM_PROMPT, MemoryView
+from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, StepRecord, Transition
+from flowlearn.nodes.schema.state import State
 
 
 def _under(value: Any) -> str:
@@ -175,3 +178,36 @@ def truncate(text: str, limit: int, *, length: int | None = None) -> str:
     if length <= limit:
         return text
     return f"{text[:limit]}\n[... truncated {length - limit} characters]"
+
+
+def run_deadline(state: State, context: Context) -> float | None:
+    """Return when the run's `max_seconds` budget ends (a `time.time()` value), or None.
+
+    Every model call a node makes carries it (`within_run_budget`; the planner's policy calls
+    as `Sampling.deadline`), so a served model gives up on a silent or slow server when the
+    run's time is up instead of holding the run past it.
+    """
+    started = state.get("started_at")
+    if context.max_seconds is None or started is None:
+        return None
+    return float(started) + context.max_seconds
+
+
+Node = Callable[[State, Any], dict[str, Any]]
+
+
+def within_run_budget(node: Node) -> Node:
+    """Wrap a node so that every model call it makes ends by the run's deadline.
+
+    The deadline (`run_deadline`) becomes the calls' `engine.sampling.CALL_DEADLINE`, which a
+    served model (`ServerPolicy`, under `ServerChatModel` too) honours; local models ignore it.
+    The wrapper keeps the node's signature, so LangGraph still hands it the runtime.
+    """
+
+    @functools.wraps(node)
+    def bounded(state: State, runtime: Any) -> dict[str, Any]:
+        context = getattr(runtime, "context", None) or Context()
+        with calls_until(run_deadline(state, context)):
+            return node(state, runtime)
+
+    return bounded

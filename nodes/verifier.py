@@ -31,7 +31,13 @@ from flowlearn.nodes.catalogue import enabled_tools, render_catalogue
 from flowlearn.nodes.engine_calls import EngineReply, RoleCall, role_call
 from flowlearn.nodes.parsing import parse_verdict
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, runs_analysis
-from flowlearn.nodes.render import emit, memory_prompt, policy_transition, transition
+from flowlearn.nodes.render import (
+    emit,
+    memory_prompt,
+    policy_transition,
+    transition,
+    within_run_budget,
+)
 from flowlearn.nodes.retry import ENGINE_RETRY, engine_error, retrying
 from flowlearn.nodes.schema.context import Context
 from flowlearn.nodes.schema.records import ParseStatus, Transition
@@ -150,7 +156,7 @@ def make_verifier(
             records.append(_record(turn, chat, second, second.error or whole, clear))
         return verdict_update(runtime, turn, text, verdict, clear, records, error=error)
 
-    return verifier
+    return within_run_budget(verifier)
 
 
 def verdict_update(
@@ -247,4 +253,4 @@ def trained_verifier(
             records.append(policy_transition("verifier", turn, chat, second, status))
         return verdict_update(runtime, turn, text, verdict, clear, records, error=None)
 
-    return verifier
+    return within_run_budget(verifier)

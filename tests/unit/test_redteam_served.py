@@ -370,6 +370,29 @@ def test_a_served_engine_that_fails_is_recorded_by_every_node_never_raised(
     assert state["answer"] == "" and state["termination"] is not None
 
 
+def test_a_silent_engine_server_ends_the_run_in_its_budget(tokenizer: Any) -> None:
+    """The engine's calls carry the run's deadline too (`within_run_budget`), not only their
+    own `timeout_s` (300 s here): the executor's call ends with the budget, the later ones
+    are not sent."""
+    with raw_server(silent) as server:
+        engine = ServerChatModel(policy=ServerPolicy(server.url, "engine", tokenizer=tokenizer))
+        graph = build_agentflow(ScriptedPolicy([plan("lookup")]), engine, [lookup])
+        start = time.perf_counter()
+        state = graph.invoke(
+            {"question": "Capital of France?"},
+            context=Context(max_seconds=1.5, max_turns=3, query_analysis=False),
+        )
+        seconds = time.perf_counter() - start
+        sent = len(server.requests)
+    assert seconds < 3.0, seconds
+    assert sent == 1  # the executor's; the verifier and generator had no time left to ask
+    failed = {t["node"]: t["output"] for t in state["transitions"] if t["parse_status"] == "error"}
+    assert "sent no whole reply within" in failed["executor"]
+    assert "(the run's remaining max_seconds)" in failed["executor"]
+    assert "no time was left in the run's budget" in failed["verifier"]
+    assert state["termination"] is not None
+
+
 def test_a_trained_executor_and_verifier_on_a_failing_server_are_recorded_never_raised(
     tokenizer: Any,
 ) -> None:
