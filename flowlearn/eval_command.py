@@ -21,7 +21,7 @@ from flowlearn.flow_setup import (
     context_from_args,
     spec_from_args,
 )
-from flowlearn.outputs import claim_folder
+from flowlearn.outputs import claim_folder, claim_store
 
 
 def add_parser(commands: Any) -> None:
@@ -59,6 +59,8 @@ def eval_command(args: argparse.Namespace) -> int:
     check_limit(args.limit)
     if args.save is not None and args.save.is_dir():
         raise UsageError(f"--save {args.save} is a folder; give a .jsonl file path")
+    if args.save is not None and args.save.suffix != ".jsonl":
+        raise UsageError(f"--save {args.save} must be a .jsonl file path")
     spec = spec_from_args(args)
     name, cases, scorer, bench = load_work(
         spec,
@@ -83,6 +85,8 @@ def eval_command(args: argparse.Namespace) -> int:
         judge=args.judge,
     )
     marker = claim_folder(out, "eval", settings, free_to_change=("limit",))
+    if args.save is not None:  # appended to only when it is a store of flowlearn eval's
+        claim_store(args.save, "eval", flag="--save")
     flow = bound_served_calls(build_flow(spec, context))
     print(flow.settings())
     results = run_eval(

@@ -142,6 +142,23 @@ def test_run_save_never_appends_to_a_users_file(
     assert notes.read_text() == "my notes\n" and mine.read_text() == '{"mine": 1}\n'
 
 
+def test_eval_save_never_appends_to_a_users_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "cases.jsonl"
+    data.write_text('{"question": "What is 2 + 2?", "answer": "4"}\n')
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    base = ["eval", "--data", str(data), "--scorer", "exact_match", "--save"]
+    assert main([*base, str(notes), "--out", str(tmp_path / "a")]) == 2
+    assert "must be a .jsonl file" in capsys.readouterr().err
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"mine": 1}\n')
+    assert main([*base, str(mine), "--out", str(tmp_path / "b")]) == 2
+    assert "is not a flowlearn eval store" in capsys.readouterr().err
+    assert notes.read_text() == "my notes\n" and mine.read_text() == '{"mine": 1}\n'
+
+
 def test_checkpoints_never_go_into_a_users_own_database(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
