@@ -102,6 +102,12 @@ def add_flow_options(
         "(tuned for the embedded 135M model); default: smollm2 when the planner or engine is "
         "the embedded default, else agentflow ($FLOWLEARN_PROMPTS)",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the libraries' loading bars and warnings (transformers, TRL, peft); "
+        "flowlearn's own progress and warnings show either way",
+    )
     flow = parser.add_argument_group("flow (the run's Context)")
     by_name = {f.name: f for f in fields(Context)}
     for name, flag in CONTEXT_FLAGS.items():

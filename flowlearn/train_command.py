@@ -26,6 +26,11 @@ def add_parser(commands: Any) -> None:
 
 def train_command(args: argparse.Namespace) -> int:
     """Validate the config, train, and say where the final policy is."""
+    from flowlearn.config_keys import unknown_flags, unknown_keys_message
+
+    unknown = unknown_flags(args.options)  # before TRL (and torch) load: a typo fails at once
+    if unknown:
+        raise UsageError(unknown_keys_message(unknown))
     from flowlearn.compose import build_training_parts
     from flowlearn.training.config import parse_config
     from flowlearn.training.offline import fit_offline_shape

@@ -27,14 +27,10 @@ from typing import Any, Literal, cast
 from trl.scripts.utils import TrlParser
 from trl.trainer.grpo_config import GRPOConfig
 
+from flowlearn.config_keys import unknown_keys_message
 from flowlearn.nodes.schema.context import Context
 from flowlearn.training.batches import VERL_DUAL_CLIP, check_trainer_batching, resolve_batching
-from flowlearn.training.config_checks import (
-    RENAMED,
-    UNSUPPORTED,
-    check_values,
-    check_yaml_file,
-)
+from flowlearn.training.config_checks import UNSUPPORTED, check_values, check_yaml_file
 from flowlearn.training.roles import (
     NodeSettings,
     check_train_nodes,
@@ -185,6 +181,13 @@ class FlowGRPOConfig(GRPOConfig):
     epsilon_high: float | None = _help("Upper clip range (official code: 0.3).", 0.3)
     max_steps: int = _help("Updates to run (paper: about 32).", 32)
     logging_steps: float = _help("Log every N steps.", 1)
+    verbose: bool = _help(
+        "Print TRL's whole metrics dict each logging step instead of one line (step, reward, "
+        "accuracy, KL, seconds); metrics.jsonl holds every metric either way. As a flag, "
+        "also shows the libraries' loading bars and warnings.",
+        False,
+        **FLAG,
+    )
     save_steps: float = _help("Checkpoint every N steps.", 10)
     seed: int = _help("Seed for data order and initialisation.", 0)
     bf16: bool | None = _help("bf16 training; default: on with CUDA.", None, **FLAG)  # type: ignore[assignment]
@@ -410,18 +413,6 @@ def _is_option(text: str) -> bool:
     return text.startswith("-") and not text.lstrip("-")[:1].isdigit()
 
 
-def unknown_keys_message(options: Sequence[str]) -> str:
-    """Say which keys are unknown and, for renamed ones, their name now."""
-    names = [option.lstrip("-").split("=")[0].replace("-", "_") for option in options]
-    hints = [f"{name} is now {RENAMED[name]}" for name in names if name in RENAMED]
-    hints += [f"for {name} use --{name[3:]} false" for name in names if name.startswith("no_")]
-    return (
-        f"unknown config keys {names}"
-        + "".join(f"; {hint}" for hint in hints)
-        + "; `flowlearn train --help` lists the known ones"
-    )
-
-
 def parse_config(argv: Sequence[str] = ()) -> FlowGRPOConfig:
     """Parse `--config FILE.yaml` and flags (flags win) into a validated config.
 
@@ -440,12 +431,44 @@ def parse_config(argv: Sequence[str] = ()) -> FlowGRPOConfig:
         raise ValueError(str(exc)) from None
     if "--config" in argv[:-1]:
         resolve_file_paths(config, Path(argv[argv.index("--config") + 1]), argv)
+    for key in CONFIG_RELATIVE:  # `flowlearn:...`: a file shipped in the package
+        value = getattr(config, key)
+        if isinstance(value, str) and value.startswith(SHIPPED):
+            setattr(config, key, shipped_file(value))
     return cast(FlowGRPOConfig, config)
 
 
 CONFIG_RELATIVE = ("data", "corpus", "trajectories")
 """Config keys naming files: in a config file, relative to that file (as a flag, to the
-working directory), so a config runs the same from any folder."""
+working directory), so a config runs the same from any folder; or `flowlearn:PATH`, a file
+shipped in the package (`shipped_file`), so a recipe copied anywhere still finds its data."""
+SHIPPED = "flowlearn:"
+
+
+def shipped_file(value: str) -> str:
+    """Return the path of `flowlearn:SUBPACKAGE/PATH`, a file shipped in the package.
+
+    `flowlearn:evals/data/tooluse/train.jsonl` is the tool task's training split wherever
+    flowlearn is installed (an editable install keeps subpackages in other folders, so the
+    first part names a subpackage, found through the import system).
+
+    Raises:
+        ValueError: no such subpackage or file, naming what was asked.
+
+    """
+    from importlib.resources import files
+
+    package, _, rest = value.removeprefix(SHIPPED).partition("/")
+    try:
+        path = Path(str(files(f"flowlearn.{package}").joinpath(rest)))
+    except (ImportError, TypeError, ValueError):
+        path = None
+    if not package or not rest or path is None or not path.is_file():
+        raise ValueError(
+            f"{value} is no file shipped with flowlearn; give e.g. "
+            "flowlearn:evals/data/tooluse/train.jsonl, or a path"
+        )
+    return str(path)
 
 
 def resolve_file_paths(config: Any, path: Path, argv: Sequence[str]) -> None:
@@ -457,6 +480,7 @@ def resolve_file_paths(config: Any, path: Path, argv: Sequence[str]) -> None:
         spellings = {f"--{key}", f"--{key.replace('_', '-')}"}
         flagged = any(a in spellings or a.split("=")[0] in spellings for a in argv)
         value = getattr(config, key)
-        if flagged or key not in loaded or not value or Path(str(value)).is_absolute():
+        shipped = str(value).startswith(SHIPPED)
+        if flagged or key not in loaded or not value or shipped or Path(str(value)).is_absolute():
             continue
         setattr(config, key, str(path.parent / str(value)))

@@ -148,15 +148,6 @@ def _bound(value: float | None) -> str:
 
 
 POSITIVE, NON_NEGATIVE = Range(0, low_open=True), Range(0)
-RENAMED = {
-    "group_size": "num_generations",
-    "planner_temperature": "temperature",
-    "planner_top_p": "top_p",
-    "planner_max_new_tokens": "max_completion_length",
-    "scale": "scale_rewards",
-    "device": "use_cpu",
-}
-"""Old spellings of settings that are now TRL's, named in the unknown-key error."""
 
 ROLLOUT_DECODER = (
     "the flow's calls decode in its own continuous batcher (flowlearn.engine.BatchingPolicy: "

@@ -175,6 +175,9 @@ def flow_metrics(
         sum(len(t.get("completion_ids") or []) for t in turns) / len(turns) if turns else 0.0
     )
     values["flow/rollout_seconds"] = seconds
+    outcomes = [t.reward for t in trajectories if t.reward_error is None]
+    if outcomes and all(r in (0.0, 1.0) for r in outcomes):  # right or wrong: an accuracy
+        values["flow/accuracy"] = sum(outcomes) / len(outcomes)
     values["flow/reward_errors"] = float(sum(t.reward_error is not None for t in trajectories))
     groups: dict[str, list[float]] = {}
     for trajectory in trajectories:
@@ -296,34 +299,85 @@ def readable_logs(logs: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-class NumericProgressCallback(ProgressCallback):
-    """transformers' progress bar, with each step's logs written as numbers."""
+def step_line(logs: dict[str, Any], step: int, max_steps: int, seconds: float) -> str:
+    """Return one training step's console line: step, reward, accuracy, KL, loss, seconds.
+
+    >>> step_line({"flow/mean_reward": 0.375, "flow/accuracy": 0.375, "kl": 0.00123,
+    ...            "loss": 0.02}, 3, 16, 41.23)
+    'step 3/16  reward 0.375  accuracy 37.5%  kl 0.00123  loss 0.02  41.2 s'
+    """
+    parts = [f"step {step}/{max_steps}", f"reward {logs['flow/mean_reward']:.4g}"]
+    if "flow/accuracy" in logs:  # only when every outcome was right or wrong (0 or 1)
+        parts.append(f"accuracy {100 * logs['flow/accuracy']:.1f}%")
+    parts += [f"{key} {logs[key]:.3g}" for key in ("kl", "loss") if key in logs]
+    return "  ".join([*parts, f"{seconds:.1f} s"])
+
+
+class StepLines:
+    """Turn each training log into the line the console shows (`verbose`: the whole dict).
+
+    A step's log becomes `step_line`; the run's closing summary one line of its totals; any
+    other log prints whole, as transformers prints it.
+    """
+
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+        self.last = time.perf_counter()
+
+    def __call__(self, logs: dict[str, Any], state: Any) -> str:
+        """Return the line for `logs` at `state` (a `TrainerState`)."""
+        now, seconds = time.perf_counter(), time.perf_counter() - self.last
+        self.last = now
+        if self.verbose:
+            return str(readable_logs(logs))
+        if "flow/mean_reward" in logs:
+            return step_line(logs, state.global_step, state.max_steps, seconds)
+        if "train_runtime" in logs:
+            return f"trained {state.global_step} steps in {logs['train_runtime']:.1f} s"
+        return str(readable_logs(logs))
+
+
+class StepProgressCallback(ProgressCallback):
+    """transformers' progress bar, with one line per step written under it (`StepLines`)."""
+
+    def __init__(self, verbose: bool = False) -> None:
+        super().__init__()
+        self.lines = StepLines(verbose)
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        """Write the step's logs under the bar."""
+        """Write the step's line under the bar."""
         if state.is_world_process_zero and self.training_bar is not None and logs:
-            self.training_bar.write(str(readable_logs(logs)))
+            self.training_bar.write(self.lines(logs, state))
 
 
-class NumericPrinterCallback(PrinterCallback):
-    """transformers' log printer (under `disable_tqdm`), with numbers as numbers."""
+class StepPrinterCallback(PrinterCallback):
+    """transformers' log printer (under `disable_tqdm`), one line per step (`StepLines`)."""
+
+    def __init__(self, verbose: bool = False) -> None:
+        super().__init__()
+        self.lines = StepLines(verbose)
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        """Print the step's logs."""
+        """Print the step's line."""
         if state.is_local_process_zero and logs:
-            print(readable_logs(logs))
+            print(self.lines(logs, state))
 
 
-def numeric_log_callbacks(trainer: Any) -> None:
-    """Swap transformers' console log callbacks on `trainer` for ones that print numbers."""
+def console_log_callbacks(trainer: Any, *, verbose: Any) -> None:
+    """Swap transformers' console log callbacks on `trainer` for ours (`StepLines`).
+
+    transformers prints every log as a dict of some 60 metrics, each float a string; ours print
+    one line a step, or with `verbose` the dict with numbers as numbers. metrics.jsonl and the
+    plots (`FlowMetricsCallback`) hold every metric either way.
+    """
     for stock, ours in (
-        (ProgressCallback, NumericProgressCallback),
-        (PrinterCallback, NumericPrinterCallback),
+        (ProgressCallback, StepProgressCallback),
+        (PrinterCallback, StepPrinterCallback),
     ):
         if any(type(c) is stock for c in trainer.callback_handler.callbacks):
             trainer.remove_callback(stock)
-            trainer.add_callback(ours)
+            trainer.add_callback(ours(verbose=bool(verbose)))

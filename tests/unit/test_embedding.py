@@ -20,7 +20,7 @@ from fakes import FakeChatModel, ScriptedPolicy, plan
 from flowlearn.graphs import Context, as_tool, build_agentflow
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
-sys.path.insert(0, str(EXAMPLES))
+sys.path.append(str(EXAMPLES))  # after tests/: never shadowing tests/tiny_model.py
 
 
 @tool
