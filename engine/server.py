@@ -41,7 +41,7 @@ from flowlearn.engine.sampling import (
     Sampling,
     token_problem,
 )
-from flowlearn.engine.stops import StopWatch
+from flowlearn.engine.stops import StopWatch, watch_completion
 from flowlearn.errors import ServerError, ServerReplyError
 from flowlearn.secrets import redact, remember, url_secrets
 
@@ -203,7 +203,7 @@ class ServerPolicy:
                 f"the generation server at {self.url} sent a reply that cannot be used: {exc}"
             ) from None
         if stopping is not None and completion_ids is not None:
-            completion_ids, logprobs, text = _watched(stopping, completion_ids, logprobs)
+            completion_ids, logprobs, text = watch_completion(stopping, completion_ids, logprobs)
         notes: list[str] = []
         if completion_ids is None or prompt_ids is None:
             notes.append(
@@ -404,21 +404,6 @@ def configured_vocab(tokenizer: Any) -> int:
     except (OSError, ValueError, AttributeError):
         return 0
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
-
-
-def _watched(
-    watch: StopWatch, ids: list[int], logprobs: list[float] | None
-) -> tuple[list[int], list[float] | None, str]:
-    """Run `watch` over the returned ids as a local decode would; cut them where it fires.
-
-    The text is the watch's decoding of the ids kept, as a local engine's is (the caller then
-    cuts a stop string off it). Logprobs that do not pair one to one with the ids are dropped,
-    so the check after this one says so instead of a cut pairing them by accident.
-    """
-    paired = logprobs if logprobs is not None and len(logprobs) == len(ids) else None
-    end = next((end for end in range(1, len(ids) + 1) if watch.update(ids[:end])), len(ids))
-    kept = paired[:end] if paired is not None else None
-    return ids[:end], kept, watch.decode(ids[:end])
 
 
 def _tokens_and_logprobs(choice: dict[str, Any]) -> tuple[Any, Any]:

@@ -166,6 +166,24 @@ class StopWatch:
         return _Watching()
 
 
+def watch_completion(
+    watch: StopWatch, ids: list[int], logprobs: list[float] | None
+) -> tuple[list[int], list[float] | None, str]:
+    """Run `watch` over ids sampled elsewhere as a local decode would; cut them where it fires.
+
+    For a completion sampled whole (a server, TRL's vLLM engine): the tokens after the one
+    that ends it are dropped with their logprobs, so what is kept is what a local decode with
+    the same watch would have sampled. The text is the watch's decoding of the ids kept, as a
+    local engine's is (the caller then cuts a stop string off it). Logprobs that do not pair
+    one to one with the ids are dropped, so a later check says so instead of a cut pairing
+    them by accident.
+    """
+    paired = logprobs if logprobs is not None and len(logprobs) == len(ids) else None
+    end = next((end for end in range(1, len(ids) + 1) if watch.update(ids[:end])), len(ids))
+    kept = paired[:end] if paired is not None else None
+    return ids[:end], kept, watch.decode(ids[:end])
+
+
 @dataclass(eq=False)
 class IncrementalText:
     """The text of a growing token sequence, decoding a short window per new token.

@@ -15,6 +15,11 @@ base is saved beside the adapters (`base-model/` in the output folder), since th
 only usable on the model they were trained on and the temporary folder goes at exit.
 Name an instruct model (`--model Qwen/Qwen2.5-0.5B-Instruct`, a hub id already in the cache,
 or a folder) to train for real.
+
+It ends as your app would start: `flowlearn.load_trained(final)` loads the result (the base
+once, each trained node's adapter on it), the app is built with its chat model and answers a
+question it never trained on, and the `vllm serve` command that serves the same result, one
+LoRA adapter per node, is printed.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ QUESTIONS = [
 ]
 APP_NODES = ("router", "writer")
 """The app's nodes that call the chat model: the ones that can be trained."""
+NEW_QUESTION = "What is 6 * 7?"
+"""A question training never saw, for the trained app."""
 
 
 # ---- The app: plain LangGraph, built around whatever chat model it is given ----------------
@@ -182,6 +189,22 @@ def train(options: argparse.Namespace, scratch: Path) -> Any:
     return trainer
 
 
+# ---- Using it: your app with its trained nodes ------------------------------------------------
+
+
+def run_trained(final: Path, question: str, max_new_tokens: int) -> None:
+    """Run the app with its trained nodes on a new question; print how to serve them."""
+    from langchain_core.messages import HumanMessage
+
+    from flowlearn import load_trained
+
+    trained = load_trained(final)  # the base once; each call runs on its node's adapter
+    app = trained.graph(build_app, max_new_tokens=max_new_tokens)  # = build_app(chat model)
+    state = app.invoke({"messages": [HumanMessage(question)]})
+    print(f"trained app, asked {question!r}: {state['messages'][-1].text!r}")
+    print("serve it on vLLM:", trained.serve_command_line())
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """Read the command line; unknown nodes are errors."""
     parser = argparse.ArgumentParser(
@@ -227,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {entry['step']}: reward {entry['flow/mean_reward']:.3f} | rows: {rows}")
         final = options.output_dir / "final"
         print("adapters:", ", ".join(str(final / n) for n in options.nodes if (final / n).is_dir()))
+        run_trained(final, NEW_QUESTION, options.max_new_tokens)
     return 0
 
 

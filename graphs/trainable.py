@@ -54,7 +54,7 @@ from pydantic import Field
 from flowlearn.engine.adapters import NodePolicies
 from flowlearn.engine.chat import HFChatModel
 from flowlearn.engine.local import LocalPolicy
-from flowlearn.engine.protocol import local_tokenizer
+from flowlearn.engine.protocol import local_tokenizer, policy_tokenizer
 from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.nodes.render import policy_transition
 from flowlearn.nodes.schema.context import Context
@@ -116,11 +116,17 @@ class TrainableChatModel(HFChatModel):
     the base with every adapter off). Each call that samples is handed, as a `Transition`, to
     the `TransitionRecorder` among the run's callbacks, if there is one.
 
+    The policies are local (`HFPolicy` and its wrappers: the adapter switched per call) or
+    served (`ServerPolicy` with the model's tokenizer, each node naming its adapter on the
+    server): the prompt is rendered here either way, so the ids are exact.
+
     The policy reads every message redacted (`flowlearn.secrets.redact`: known keys and
     secret-shaped credentials become `[redacted]`), so no key is in what it reads, nor in the
     recorded messages and prompt ids (the module docstring, point 5).
     """
 
+    policy: Any = Field(exclude=True)
+    """The policy of the nodes not trained: a local one, or a served one with its tokenizer."""
     node_policies: dict[str, Any] = Field(default_factory=dict, exclude=True)
     """Each trained node's policy, by the name of the graph node that calls this model."""
     disable_streaming: bool | Literal["tool_calling"] = True
@@ -138,10 +144,31 @@ class TrainableChatModel(HFChatModel):
     def _llm_type(self) -> str:
         return "flowlearn-trainable"
 
-    def _policy_for(self, run_manager: CallbackManagerForLLMRun | None) -> LocalPolicy:
+    def model_post_init(self, context: Any, /) -> None:
+        """Refuse a policy whose tokenizer is not at hand here.
+
+        Raises:
+            ValueError: a policy without the model's tokenizer here (`require_tokenizers`).
+
+        """
+        super().model_post_init(context)
+        require_tokenizers(self.policy, self.node_policies)
+
+    def _policy_for(self, run_manager: CallbackManagerForLLMRun | None) -> Any:
         """Return the calling node's policy, or the base's for a node not trained."""
         policy = self.node_policies.get(calling_node(run_manager))
         return policy if policy is not None else self.policy
+
+    def _tokenizer(self) -> Any:
+        """Return the tokenizer of the base's policy (local or served; the nodes share it)."""
+        return policy_tokenizer(self.policy)
+
+    def _stop_ids(self) -> set[int]:
+        """Return the ids that end a completion: a local model's, else its tokenizer's EOS."""
+        if local_tokenizer(self.policy) is not None:
+            return super()._stop_ids()
+        eos = self._tokenizer().eos_token_id
+        return set(eos if isinstance(eos, list) else [eos])
 
     def _prepare(
         self, messages: list[BaseMessage], kwargs: dict[str, Any]
@@ -161,6 +188,25 @@ class TrainableChatModel(HFChatModel):
         handlers = run_manager.handlers if run_manager is not None else []
         for recorder in (h for h in handlers if isinstance(h, TransitionRecorder)):
             recorder.record(calling_node(run_manager), list(chat), generation)
+
+
+def require_tokenizers(base: Any, nodes: Mapping[str, Any]) -> None:
+    """Refuse policies whose tokenizer is not at hand here (`policy_tokenizer`).
+
+    Raises:
+        ValueError: the base's or a node's policy without one (a chat model's, or a
+            `ServerPolicy` built without a tokenizer): the chat model renders prompts into
+            exact token ids, and reads replies, with it.
+
+    """
+    for name, policy in [("base", base), *nodes.items()]:
+        if policy_tokenizer(policy) is None:
+            raise ValueError(
+                f"your graph's chat model renders prompts into token ids with the model's "
+                f"tokenizer; the {name} policy, a {type(policy).__name__}, has none here: use "
+                "a local model, or a served one given the model's tokenizer (ServerPolicy("
+                "..., tokenizer=...), which planner_url's training and load_trained give it)"
+            )
 
 
 def redact_chat(chat: Messages) -> Messages:
@@ -213,18 +259,14 @@ class TrainableGraph:
         """Refuse a policy the chat model cannot run on, before any rollout starts.
 
         Raises:
-            ValueError: a policy (or a node's) that is not a local model's: generation on a
-                vLLM server (`planner_url`, `use_vllm`) is not supported for a graph of yours.
+            ValueError: a policy (or a node's) without the model's tokenizer here
+                (`require_tokenizers`).
 
         """
-        nodes = self.policy if isinstance(self.policy, NodePolicies) else {}
-        for name, policy in [("base", getattr(self.policy, "base", self.policy)), *nodes.items()]:
-            if local_tokenizer(policy) is None:  # not a Protocol check: see local_tokenizer
-                raise ValueError(
-                    f"your graph's chat model runs on a local model; the {name} policy is a "
-                    f"{type(policy).__name__}: rollouts on a vLLM server (planner_url, use_vllm) "
-                    "are not supported for a graph of your own yet"
-                )
+        if isinstance(self.policy, NodePolicies):
+            require_tokenizers(self.policy.base, self.policy.trained)
+        else:
+            require_tokenizers(self.policy, {})
 
     def graph(self, sampling: Sampling) -> Any:
         """Return the user's graph around a chat model sampling with `sampling` (built once)."""

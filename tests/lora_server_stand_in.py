@@ -6,12 +6,14 @@ named by the request's `model`, `/v1/load_lora_adapter` / `/v1/unload_lora_adapt
 vLLM's runtime LoRA endpoints do (the adapter folder is read when it is loaded, with peft,
 merged into a copy of the base, and what the folder held at that moment is recorded), and
 `/v1/models` as vLLM lists them: the base first, each adapter with the base as its `parent`.
-Serve it with `stand_in_server(StandInLoraServer(...))`.
+Serve it with `stand_in_server(StandInLoraServer(...))`; `StandInLoraServer.serving(command)`
+starts it as a `vllm serve BASE --enable-lora --lora-modules name=path ...` command would.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +57,41 @@ class StandInLoraServer:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._served = {self.base_name: self._decoder(self.base)}
+
+    @classmethod
+    def serving(cls, command: list[str]) -> StandInLoraServer:
+        """Start as `command` (`vllm serve BASE [options]`) starts vLLM, as far as it matters here.
+
+        The base loads from BASE and is served under that name; each `--lora-modules
+        name=path` adapter loads at start, which vLLM refuses without `--enable-lora` or
+        with a rank above `--max-lora-rank` (16 by default).
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if command[:2] != ["vllm", "serve"] or len(command) < 3:
+            raise ValueError(f"not a `vllm serve MODEL` command: {command}")
+        base, options, flag = command[2], {}, None
+        for word in command[3:]:
+            if word.startswith("--"):
+                flag = word
+                options[flag] = []
+            elif flag is not None:
+                options[flag].append(word)
+        model = AutoModelForCausalLM.from_pretrained(base).eval()
+        server = cls(model, AutoTokenizer.from_pretrained(base), base_name=base)
+        modules = options.get("--lora-modules", [])
+        if modules and "--enable-lora" not in options:
+            raise ValueError("--lora-modules needs --enable-lora")
+        rank = int(options.get("--max-lora-rank", ["16"])[0])
+        for module in modules:
+            name, path = module.split("=", 1)
+            settings = json.loads((Path(path) / "adapter_config.json").read_text())
+            if settings["r"] > rank:
+                raise ValueError(f"adapter {name} has rank {settings['r']} > --max-lora-rank")
+            reply = server._load({"lora_name": name, "lora_path": path})
+            if reply.status != 200:
+                raise ValueError(f"adapter {name} did not load: {reply.body}")
+        return server
 
     def _decoder(self, model: Any) -> BatchingPolicy:
         return BatchingPolicy(HFPolicy(model, self.tokenizer), max_wait_s=0.0)

@@ -54,6 +54,7 @@ from flowlearn.training.rollouts import (
     format_penalty,
     step_concurrency,
 )
+from flowlearn.training.vllm.lora_server import ServerGeneration
 
 
 @dataclass
@@ -72,6 +73,8 @@ class TRLParts:
     """The local model the engine is (None: a given engine), recorded in a saved final/."""
     base_name: str | None = None
     """The model as named (the base of every node's adapter), recorded in a saved final/."""
+    server: ServerGeneration | None = None
+    """Where a graph of yours samples (`planner_url`, each node's adapter pushed); None: here."""
 
 
 def resolve_source(
@@ -197,11 +200,12 @@ def trl_parts(
         raise ValueError("train_dataset is required: the questions (and answers) to train on")
     if reward_funcs is None:
         raise ValueError("reward_funcs is required: the functions that score each rollout")
-    if args.planner_url is not None:
+    if args.planner_url is not None and graph_factory is None:
         raise ValueError(
-            "planner_url: TRL's shape samples locally; to sample on a vLLM server, train with "
-            "`flowlearn train --planner_url ...`, or build the trainer with "
-            "FlowGRPOTrainer.online(..., server=ServerGeneration.at(url, adapter_dir))"
+            "planner_url: TRL's shape samples the AgentFlow graph locally; to sample it on a "
+            "vLLM server, train with `flowlearn train --planner_url ...`, or build the trainer "
+            "with FlowGRPOTrainer.online(..., server=ServerGeneration.at(url, adapter_dir)). A "
+            "graph_factory of your own (trainable_graph) samples on the server"
         )
     if graph_factory is not None and any(p is not None for p in (engine, tools, prompts)):
         raise ValueError(
@@ -243,8 +247,9 @@ def trl_parts(
         concurrency=args.rollout_concurrency,
         reward_errors=args.reward_errors,
     )
+    server = ServerGeneration.of(args, Path(str(args.output_dir)))  # your graph, not AgentFlow's
     return TRLParts(
-        model, processing_class, source, handle, prompts, outcome, engine_name, source_name
+        model, processing_class, source, handle, prompts, outcome, engine_name, source_name, server
     )
 
 

@@ -51,7 +51,7 @@ from flowlearn.training.rows import StepCredit
 from flowlearn.training.schedule import check_resumed_step
 from flowlearn.training.trainer import FlowGRPOTrainer
 from flowlearn.training.trajectories import TrajectoryStore, load_trajectories
-from flowlearn.training.vllm.lora_server import ServerGeneration, served_base_name
+from flowlearn.training.vllm.lora_server import ServerGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -181,12 +181,7 @@ def served(config: FlowGRPOConfig, out: Path) -> ServerGeneration | None:
     With several trained nodes, the nodes not trained name the served base: the engine's name
     when `engine_url` is the same server, else the server's own answer.
     """
-    if not config.planner_url:
-        return None
-    base = served_base_name(config.planner_url, config.engine_url, config.engine)
-    return ServerGeneration.at(
-        config.planner_url, config.adapter_dir or out / "adapters", base=base
-    )
+    return ServerGeneration.of(config, out)
 
 
 def resume_point(config: FlowGRPOConfig) -> Path | None:

@@ -56,9 +56,9 @@ from flowlearn.training.config import check_settings, context_from, flow_default
 from flowlearn.training.from_trl import resolve_source
 from flowlearn.training.metrics import (
     FlowMetricsCallback,
+    console_log_callbacks,
     flow_metrics,
     model_card,
-    numeric_log_callbacks,
     read_metrics,
 )
 from flowlearn.training.model import (
@@ -204,8 +204,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.nodes = list(self.roles.nodes) if self.roles else nodes
         self.model_handle: ModelHandle | None = getattr(self.flow_parts, "handle", None)
         """The handle every policy over the trained model shares (TRL's shape, `online`)."""
-        self.server: ServerGeneration | None = None
-        """Set by `online`: the planner samples on a vLLM server, the adapter pushed to it."""
+        self.server: ServerGeneration | None = getattr(self.flow_parts, "server", None)
+        """The vLLM server rollouts sample on, adapters pushed (`online`, or your graph's)."""
         check_mode(mode)
         self.mode, self.drop_zero_variance, self.step_credit = mode, drop_zero_variance, step_credit
         self.recompute_old_logprobs = recompute
@@ -232,7 +232,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.rollout_ended: float | None = None
         self.group_rewards: dict[str, float] = {}
         self.add_callback(FlowMetricsCallback(self))
-        numeric_log_callbacks(self)  # the console's logs read as numbers, not strings
+        console_log_callbacks(self, verbose=getattr(args, "verbose", False))  # a line a step
 
     @classmethod
     def online(

@@ -4,8 +4,8 @@ The one place that reads `FLOWLEARN_*` environment variables (`names`), and that
 name (tools, models, benchmark, corpus) before any model loads, so a typo fails in a second
 with a message that says what to fix, not as every rollout failing. The CLI, the Studio graph
 and training all build their parts here: the names (`names`), the models, local or served
-(`models`), the tools, graph and work of a flow (`flows`), and a training job's parts
-(`training`).
+(`models`), the tools, graph and work of a flow (`flows`), a training job's parts
+(`training`), and a training result back in a user's app (`trained`).
 """
 
 from flowlearn.compose.flows import (
@@ -34,6 +34,7 @@ from flowlearn.compose.names import (
     check_model_name,
     check_names,
 )
+from flowlearn.compose.trained import TrainedApp, load_trained
 from flowlearn.compose.training import build_training_parts, training_engine, training_spec
 from flowlearn.errors import UsageError
 from flowlearn.nodes.presets import PROMPT_SETS
@@ -47,6 +48,7 @@ __all__ = [
     "FlowSpec",
     "LocalModels",
     "ServedNameError",
+    "TrainedApp",
     "UsageError",
     "build_flow",
     "build_tools",
@@ -56,6 +58,7 @@ __all__ = [
     "load_chat_model",
     "load_local_models",
     "load_parts",
+    "load_trained",
     "load_work",
     "model_sizes",
     "run_settings",

@@ -277,7 +277,7 @@ def test_trls_shape_takes_a_users_graph_and_refuses_agentflow_parts_beside_it(
 def test_a_served_policy_is_refused_before_any_rollout() -> None:
     from flowlearn.engine.server import ServerPolicy
 
-    with pytest.raises(ValueError, match="not supported for a graph of your own"):
+    with pytest.raises(ValueError, match=r"the base policy, a ServerPolicy, has none here"):
         trainable_graph(router_writer)(ServerPolicy("http://127.0.0.1:9", "served"))
 
 

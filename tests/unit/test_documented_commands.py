@@ -1,5 +1,5 @@
 """Every `flowlearn` command the README and docs show parses: `train` into a valid config,
-`run`, `eval` and `collect` by the command line's own parser.
+`run`, `eval`, `collect` and `serve` by the command line's own parser.
 
 A recipe a user copies must not be refused by the trainer's own checks (a 7B command whose
 rounds its passes did not cover was). `--config train.yaml` stands for a user's own file
@@ -55,7 +55,7 @@ COMMANDS = [
 OTHERS = [
     pytest.param(subcommand, arguments, id=f"{page.name}:{subcommand}:{index}")
     for page in PAGES
-    for subcommand in ("run", "eval", "collect")
+    for subcommand in ("run", "eval", "collect", "serve")
     for index, arguments in enumerate(commands(page, subcommand))
 ]
 

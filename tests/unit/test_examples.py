@@ -78,6 +78,11 @@ def test_train_your_graph_trains_each_node_of_a_users_app_on_its_adapter(tmp_pat
     for node in ("router", "writer"):
         assert (out / "final" / node / "adapter_model.safetensors").is_file()
     assert not (out / "final" / "flowlearn_prompts.json").exists()  # its prompts are its own
+    # then the app runs with its trained nodes (`flowlearn.load_trained`) on a new question
+    assert "trained app, asked 'What is 6 * 7?': '" in done.stdout, done.stdout
+    served = f"--lora-modules router={out}/final/router writer={out}/final/writer"
+    assert f"serve it on vLLM: vllm serve {out}/base-model --enable-lora" in done.stdout
+    assert served in done.stdout, done.stdout
     assert "Deprecat" not in done.stderr, done.stderr
 
 

@@ -3,6 +3,7 @@ each node's requests naming its own, the others the served base, stale rows corr
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import operator
@@ -18,7 +19,8 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 import torch
-from langgraph.graph import END, START, StateGraph
+from langchain_core.messages import HumanMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
 from lora_server_stand_in import StandInLoraServer
 from peft import LoraConfig
 from stand_in_server import Reply, stand_in_server
@@ -33,6 +35,7 @@ from flowlearn.engine.server import ServerPolicy
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score
 from flowlearn.graphs import Context
+from flowlearn.graphs.trainable import trainable_graph
 from flowlearn.nodes import policy_transition
 from flowlearn.training import TrajectoryStore
 from flowlearn.training.config import parse_config
@@ -50,11 +53,12 @@ from flowlearn.training.vllm.lora_server import (
 NODES = ("planner", "verifier")
 
 
-def two_adapters(tiny_model_dir: Path) -> Any:
-    """The tiny model with a planner and a verifier adapter that differ (B matrices non-zero)."""
+def two_adapters(tiny_model_dir: Path, nodes: tuple[str, ...] = NODES) -> Any:
+    """The tiny model with an adapter per node (the planner's and the verifier's) that differ
+    (B matrices non-zero)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     settings = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
-    peft_model = with_node_adapters(model, {n: settings for n in NODES})
+    peft_model = with_node_adapters(model, {n: settings for n in nodes})
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, parameter in peft_model.named_parameters():
@@ -306,6 +310,125 @@ def test_served_nodes_each_nodes_requests_name_its_adapter_while_training(
     logged = [h for h in trainer.state.log_history if "flow/stale_rows" in h]
     assert [h["flow/stale_rows"] for h in logged] == [0.0, 0.0]
     assert all(h["flow/planner/rows"] == h["flow/verifier/rows"] == 4.0 for h in logged)
+
+
+def users_app(model: Any) -> Any:
+    """A user's LangGraph app, no flowlearn node in it: a router, a writer and a critic."""
+
+    def call(node: str) -> Any:
+        def run(state: MessagesState) -> dict[str, Any]:
+            return {"messages": [model.invoke([*state["messages"], HumanMessage(f"{node}:")])]}
+
+        return run
+
+    graph = StateGraph(MessagesState)
+    previous = START
+    for node in ("router", "writer", "critic"):
+        graph.add_node(node, call(node))
+        graph.add_edge(previous, node)
+        previous = node
+    graph.add_edge(previous, END)
+    return graph.compile()
+
+
+def test_served_nodes_a_users_graph_samples_each_node_under_its_adapter_token_exact(
+    tiny_model_dir: Path, tmp_path: Path, vllm: StandInLoraServer
+) -> None:
+    trained = ("router", "writer")
+    model = two_adapters(tiny_model_dir, trained)
+    before = copy.deepcopy(model)  # the weights step 0's adapters hold
+    store = TrajectoryStore(tmp_path / "rollouts.jsonl")
+    counts: dict[str, Iterator[int]] = defaultdict(itertools.count)
+
+    def alternating(answer: str, case: Case) -> Score:  # every group has a signal: 1, 0, ...
+        return Score(float(next(counts[case.id]) % 2 == 0), "alternating")
+
+    with stand_in_server(vllm) as server:
+        trainer = FlowGRPOTrainer.online(
+            model,
+            args=config(tmp_path, per_device_train_batch_size=4, max_completion_length=6),
+            graph_factory=trainable_graph(users_app),
+            scorer=alternating,
+            cases=[Case(str(i), f"Capital {i}?", "paris") for i in range(2)],
+            context=Context(planner_temperature=0.7, planner_max_new_tokens=6),
+            processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+            rollout_store=store,
+            nodes=list(trained),
+            server=ServerGeneration.at(f"{server.url}/v1", tmp_path / "adapters"),
+        )
+        trainer.source.run_id = "r"
+        trainer.train()
+    names = [{n: adapter_name("r", step, n) for n in trained} for step in (0, 1)]
+    assert [load.name for load in vllm.loads] == [s[n] for s in names for n in trained]
+    second = vllm.events.index(f"load:{names[1]['router']}")
+    for step, events in enumerate((vllm.events[:second], vllm.events[second:])):
+        completes = {e for e in events if e.startswith("complete:")}
+        assert completes == {*(f"complete:{names[step][n]}" for n in trained), "complete:base"}
+    sent = [r.body["prompt"] for r in server.requests if r.path == "/v1/completions"]
+    rollouts, checked = store.load(), 0
+    calls = [c for r in rollouts for c in r.transitions]
+    assert sorted(map(tuple, sent)) == sorted(tuple(c["prompt_ids"]) for c in calls)
+    for rollout in rollouts:
+        step = int(rollout.trajectory_id.split(":")[0].removeprefix("step"))
+        assert [(c["node"], c["policy_version"]) for c in rollout.transitions] == [
+            ("router", names[step]["router"]),
+            ("writer", names[step]["writer"]),
+            ("critic", "base@server"),  # not trained: the served base, every adapter off
+        ]
+        if step == 0:  # the served tokens and logprobs are the adapter's own, at 0.7
+            for call in rollout.transitions[:2]:
+                prompt, completion = call["prompt_ids"], call["completion_ids"]
+                ids = torch.tensor([prompt + completion])
+                with torch.no_grad(), active_adapter(before, call["node"]):
+                    logits = before(ids).logits[0, len(prompt) - 1 : -1].float() / 0.7
+                own = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])
+                assert torch.allclose(torch.tensor(call["logprobs"]), own[:, 0], atol=1e-4)
+                checked += 1
+    assert checked == 8  # step 0: 2 questions x 2 rollouts x 2 trained calls
+    logged = [h for h in trainer.state.log_history if "flow/stale_rows" in h]
+    assert [h["flow/stale_rows"] for h in logged] == [0.0, 0.0]
+    assert all(h["flow/router/rows"] == h["flow/writer/rows"] == 4.0 for h in logged)
+
+
+def test_served_nodes_trls_shape_trains_a_users_graph_on_planner_url(
+    tiny_model_dir: Path, tmp_path: Path, vllm: StandInLoraServer
+) -> None:
+    from flowlearn.training.config import FlowGRPOConfig
+
+    def odd_length(completions: list[str], **kwargs: Any) -> list[float]:
+        return [float(len(c) % 2) for c in completions]
+
+    trained = ("router", "writer")
+    with stand_in_server(vllm) as server:
+        trainer = FlowGRPOTrainer(
+            model=two_adapters(tiny_model_dir, trained),
+            reward_funcs=[odd_length],
+            args=FlowGRPOConfig(
+                output_dir=str(tmp_path / "out"),
+                report_to="none",
+                max_steps=1,
+                questions_per_step=2,
+                num_generations=2,
+                max_completion_length=6,
+                save_strategy="no",
+                bf16=False,
+                use_cpu=True,
+                train_nodes=list(trained),
+                planner_url=f"{server.url}/v1",
+            ),
+            train_dataset=[{"question": f"Capital {i}?", "answer": "paris"} for i in range(2)],
+            graph_factory=trainable_graph(users_app),
+            processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+        )
+        trainer.train()
+    assert server.requests[0].path == "/v1/models"  # the base's served name, asked first
+    names = {n: adapter_name(trainer.source.run_id, 0, n) for n in trained}
+    assert [load.name for load in vllm.loads] == list(names.values())
+    assert all(Path(load.path).is_relative_to(tmp_path / "out" / "adapters") for load in vllm.loads)
+    completes = {e for e in vllm.events if e.startswith("complete:")}
+    assert completes == {*(f"complete:{name}" for name in names.values()), "complete:base"}
+    (logged,) = [h for h in trainer.state.log_history if "flow/router/rows" in h]
+    assert logged["flow/router/rows"] == logged["flow/writer/rows"] == 4.0
 
 
 @pytest.mark.slow

@@ -275,3 +275,67 @@ def test_vllm_missing_is_a_usage_error_before_any_model_loads(
     config = parse_config(["--data", str(data), "--use_vllm", "--planner", str(tiny_model_dir)])
     with pytest.raises(UsageError, match="use_vllm needs vLLM"):
         build_training_parts(config)
+
+
+def test_vllm_a_users_graph_samples_every_call_on_trls_engine(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import copy
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from vllm_job import config, stand_in_factory
+
+    from flowlearn.evals.cases import Case
+    from flowlearn.evals.scorers import Score
+    from flowlearn.graphs import Context
+    from flowlearn.graphs.trainable import trainable_graph
+    from flowlearn.training.trainer import FlowGRPOTrainer
+
+    def app(model: Any) -> Any:  # a user's two nodes, no flowlearn node in it
+        def call(node: str) -> Any:
+            return lambda s: {"messages": [model.invoke([*s["messages"], HumanMessage(node)])]}
+
+        graph = StateGraph(MessagesState)
+        graph.add_node("router", call("router"))
+        graph.add_node("writer", call("writer"))
+        graph.add_edge(START, "router")
+        graph.add_edge("router", "writer")
+        graph.add_edge("writer", END)
+        return graph.compile()
+
+    def length(answer: str, case: Case) -> Score:
+        return Score(min(len(answer), 30) / 30, "length")
+
+    model, tokenizer = loaded(tiny_model_dir)
+    before = copy.deepcopy(model)  # the weights step 0's rollouts sample from
+    events: list[Any] = []
+    out = tmp_path / "colocate"
+    store = TrajectoryStore(out / "rollouts.jsonl")
+    trainer = FlowGRPOTrainer.online(
+        model,
+        args=config(out, "colocate", rollouts=4),
+        graph_factory=trainable_graph(app),
+        scorer=length,
+        cases=[Case(f"q{i}", f"What is {i} + {i}?", "") for i in range(4)],
+        context=Context(planner_temperature=SAMPLING.temperature, planner_max_new_tokens=6),
+        processing_class=tokenizer,
+        rollout_store=store,
+        vllm=stand_in_factory("colocate", events),
+    )
+    trainer.train()
+    assert [kind for kind, _ in events if kind == "sync"] == ["sync", "sync"]  # once a step
+    assert sum(generate_sizes(events)) == 16  # 2 steps x 4 rollouts x 2 calls, all on vLLM
+    checked = 0
+    for rollout in store.load():
+        step = rollout.trajectory_id.split(":")[0].removeprefix("step")
+        assert [(t["node"], t["policy_version"]) for t in rollout.transitions] == [
+            ("router", f"{out}@{step}"),
+            ("writer", f"{out}@{step}"),
+        ]
+        for call in rollout.transitions if step == "0" else []:  # the engine's exact tokens
+            assert call["prompt_ids"] == chat_prompt_ids(tokenizer, call["messages"])
+            expected = logprobs(before, call["prompt_ids"], call["completion_ids"])
+            assert call["logprobs"] == pytest.approx(expected, abs=1e-4)
+            checked += 1
+    assert checked == 8  # step 0: 4 rollouts x 2 calls

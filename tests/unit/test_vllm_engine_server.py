@@ -86,14 +86,14 @@ def test_vllm_engine_server_reply_is_cut_where_the_watch_fires() -> None:
     ids = [9, 8] + [1, 2, 3] * 30
     fired = next(end for end in range(1, len(ids) + 1) if rule.period(ids[:end]) is not None)
     watch = StopWatch(lambda got: " ".join(map(str, got)), repetition=rule)
-    from flowlearn.engine.server import _watched
+    from flowlearn.engine.stops import watch_completion
 
-    kept, logprobs, text = _watched(watch, ids, [-0.5] * len(ids))
+    kept, logprobs, text = watch_completion(watch, ids, [-0.5] * len(ids))
     assert kept == ids[:fired] and logprobs == [-0.5] * fired and fired < len(ids)
     assert text == " ".join(map(str, ids[:fired])) and watch.reason == "repetition"
     # Not fired: all kept, the text decoded from the ids; logprobs that do not pair are dropped.
     quiet = StopWatch(lambda got: "".join(map(str, got)), stop=("9",), repetition=None)
-    assert _watched(quiet, [1, 2, 3], [-1.0, -2.0]) == ([1, 2, 3], None, "123")
+    assert watch_completion(quiet, [1, 2, 3], [-1.0, -2.0]) == ([1, 2, 3], None, "123")
 
 
 def test_vllm_engine_server_needs_the_tokenizer() -> None:

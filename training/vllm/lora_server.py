@@ -258,6 +258,19 @@ class ServerGeneration:
         """
         return cls(AdapterServer(url, Path(adapter_dir), keep=keep), base=base)
 
+    @classmethod
+    def of(cls, config: Any, out: Path) -> ServerGeneration | None:
+        """Return the server a `FlowGRPOConfig` names (`planner_url`), or None without one.
+
+        Adapters go under `adapter_dir` (default `out/adapters`). With several trained nodes,
+        the nodes not trained name the served base: the engine's name when `engine_url` is
+        the same server, else the server's own answer (`served_base_name`).
+        """
+        if not getattr(config, "planner_url", None):
+            return None
+        base = served_base_name(config.planner_url, config.engine_url, config.engine)
+        return cls.at(config.planner_url, config.adapter_dir or out / "adapters", base=base)
+
     def current(self, trainer: Any, node: str | None = None) -> str:
         """Return the name of the adapter that holds the trainer's weights now (`node`'s)."""
         run_id = getattr(trainer.source, "run_id", None)

@@ -37,6 +37,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +53,7 @@ from trl.generation.vllm_generation import VLLMGeneration
 from flowlearn.engine.batching import check_batching
 from flowlearn.engine.local import chat_prompt_ids
 from flowlearn.engine.sampling import Generation, Messages, Sampling
+from flowlearn.engine.stops import StopWatch, watch_completion
 from flowlearn.training.model import recompute_old_logps
 from flowlearn.training.rollouts import Rollouts
 from flowlearn.training.vllm.correction import importance_ratio
@@ -142,8 +144,14 @@ class VLLMPolicy:
         """Render `messages` with the chat template and return the prompt's token ids."""
         return chat_prompt_ids(self.tokenizer, messages)
 
-    def generate(self, messages: Messages, sampling: Sampling) -> Generation:
+    def generate(
+        self, messages: Messages, sampling: Sampling, *, stopping: StopWatch | None = None
+    ) -> Generation:
         """Queue one call and return its completion once its batch is generated.
+
+        A `stopping` watch (a chat model's: stop strings, a closed tool call, a repetition) is
+        run over the sampled ids, which are cut where it fires, with their logprobs
+        (`watch_completion`), as a local decode would have stopped there.
 
         Raises:
             ValueError: the prompt and `max_new_tokens` do not fit the context window.
@@ -168,7 +176,13 @@ class VLLMPolicy:
                     with self._ready:
                         self._leading = False
                         self._ready.notify_all()
-        return call.future.result()
+        generation = call.future.result()
+        if stopping is None or generation.completion_ids is None:
+            return generation
+        ids, logprobs, text = watch_completion(
+            stopping, generation.completion_ids, generation.logprobs
+        )
+        return dataclasses.replace(generation, text=text, completion_ids=ids, logprobs=logprobs)
 
     def _lead(self) -> bool:
         """Become the caller that runs the next batch (True), or wait until a batch ends."""
