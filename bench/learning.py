@@ -74,6 +74,12 @@ def finished(work: Path, key: str, seed: int | None, cases: int) -> dict[str, fl
     return scores if len(scores) == cases else None
 
 
+def ended(run: Path) -> str:
+    """When a finished run wrote its last result (its results file's modification time)."""
+    stamp = (run / "results.jsonl").stat().st_mtime
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
 def eval_run(work: Path, key: str, seed: int | None, limit: int | None) -> None:
     """One `flowlearn eval` run at the configuration's defaults (resumed if it was cut short)."""
     planner, prompts, analysis = CONFIGS[key][1]
@@ -172,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
             "prompts": prompts,
             "query_analysis": analysis,
             "per_question": {},
+        }
+        entry["finished"] = {  # the runs resume across sessions: when each one ended
+            folder(args.work, key, seed).name: ended(folder(args.work, key, seed))
+            for seed in [None, *seeds]
+            if finished(args.work, key, seed, cases) is not None
         }
         if greedy is not None:
             entry["greedy"] = summary([greedy], greedy=True)
