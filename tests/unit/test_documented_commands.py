@@ -81,3 +81,9 @@ def test_documented_train_command_parses(
     config = parse_config(argv)
     rollouts = config.questions_per_step * config.num_generations
     assert config.per_device_train_batch_size * config.steps_per_generation == rollouts
+
+
+def test_the_readme_stays_about_600_lines_of_user_documentation() -> None:
+    """The README is the user's first page; reference material goes to docs/ (a page each)."""
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= 610, f"README.md has {lines} lines; move reference material to docs/"
