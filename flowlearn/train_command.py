@@ -49,6 +49,12 @@ def train_command(args: argparse.Namespace) -> int:
         claim_output_dir(config, resuming=resuming, create=False)  # checked, nothing written
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
+    if config.dry_run:  # validated as a run is; the estimate reads the model's config alone
+        from flowlearn.training.dry_run import report
+
+        if main_process:
+            print(report(config))
+        return 0
     try:
         final = train(config, build_training_parts(config), resume_from=resume_from)
     except AdapterError as exc:  # the planner_url server refused an adapter: say why, no trace

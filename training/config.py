@@ -188,6 +188,13 @@ class FlowGRPOConfig(GRPOConfig):
         False,
         **FLAG,
     )
+    dry_run: bool = _help(
+        "Validate the config, print the rollouts and tokens per step, an estimate of the GPU "
+        "memory per device and the files the run writes, then stop: no weights load, nothing "
+        "is written (flowlearn.training.dry_run).",
+        False,
+        **FLAG,
+    )
     save_steps: float = _help("Checkpoint every N steps.", 10)
     seed: int = _help("Seed for data order and initialisation.", 0)
     bf16: bool | None = _help("bf16 training; default: on with CUDA.", None, **FLAG)  # type: ignore[assignment]
