@@ -317,7 +317,10 @@ class Rollouts:
         process does, unless TRL's `disable_tqdm`).
 
         Under `reward_errors="drop"` a rollout whose reward failed comes back marked
-        `metadata[DROPPED]`, so the batch leaves it out and counts it in the metrics.
+        `metadata[DROPPED]`, so the batch leaves it out and counts it in the metrics. So does
+        one a model call ended (`termination` "engine_error": a server that failed or timed
+        out, its error recorded): its outcome says how the infrastructure fared, not how the
+        policy chose, so none of its turns is trained on.
         """
         concurrency = step_concurrency(self.concurrency, len(cases), group_size)
         live = batched(policy, concurrency)
@@ -340,6 +343,8 @@ class Rollouts:
         for trajectory in trajectories:
             if self.reward_errors == "drop" and trajectory.reward_error is not None:
                 trajectory.metadata[DROPPED] = f"reward error: {trajectory.reward_error}"
+            elif trajectory.termination == "engine_error":
+                trajectory.metadata[DROPPED] = "a model call failed (termination engine_error)"
         return trajectories
 
 

@@ -53,6 +53,32 @@ def test_rollouts_carry_the_run_id_and_reward_errors_come_back_marked(tmp_path: 
     assert (batch.stats["trajectories_dropped"], batch.stats["rows"]) == (2, 2)
 
 
+class FailingServerGraph(CountingGraph):
+    """A graph whose second question's run a model call ended (`engine_error`), its first turn
+    already taken: the outcome says how the server fared, not how the policy chose."""
+
+    def invoke(self, inputs: dict[str, Any], context: Any = None) -> dict[str, Any]:
+        state = super().invoke(inputs, context)
+        if inputs["question"] == "B?":
+            state["termination"] = "engine_error"
+        return state
+
+
+def test_a_rollout_a_model_call_ended_is_left_out_of_training(tmp_path: Path) -> None:
+    store = TrajectoryStore(tmp_path / "rollouts.jsonl")
+    cases = [Case("a", "A?", "x"), Case("b", "B?", "x")]
+    source = Rollouts(lambda policy: FailingServerGraph(), judge, cases, store=store, concurrency=1)
+    out = source.run(None, cases, group_size=2, context=None, step=0, rank=0)  # type: ignore[arg-type]
+    assert [t.metadata.get(DROPPED) for t in out] == [
+        None,
+        None,
+        "a model call failed (termination engine_error)",
+        "a model call failed (termination engine_error)",
+    ]
+    batch = build_flow_grpo_rows(out, sampling=TRAINER)  # its first turn has tokens, yet
+    assert (batch.stats["trajectories_dropped"], batch.stats["rows"]) == (2, 2)
+
+
 def test_stored_rollouts_are_reused_only_by_their_own_run(tmp_path: Path) -> None:
     graph = CountingGraph()
     store = TrajectoryStore(tmp_path / "rollouts.jsonl")
