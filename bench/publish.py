@@ -131,9 +131,19 @@ def learning(name: str) -> str:
         "\nAccuracy is exact match at `flowlearn eval`'s defaults (10 turns, the untrained "
         "engine), with a 95% interval (Wilson's greedy; a bootstrap over questions sampled), "
         "in percent; a gain's interval is a paired bootstrap over questions; "
-        f"{machine(data)}, {data['date'][:10]}, commit `{data['commit'][:10]}`."
+        f"{machine(data)}; {finished(data)}; built {data['date'][:10]} at commit "
+        f"`{data['commit'][:10]}`."
     )
     return "\n".join(lines) + "\n"
+
+
+def finished(data: dict[str, Any]) -> str:
+    """When the runs behind the learning figures ended (they resume across sessions)."""
+    entries = data["configurations"].values()
+    ends = sorted(end for entry in entries for end in entry.get("finished", {}).values())
+    if not ends:
+        return "no run finished"
+    return f"runs finished {ends[0][:16]} to {ends[-1][:16]}"
 
 
 def render(text: str) -> str:
