@@ -13,7 +13,6 @@ from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.scorers import SCORERS
 from flowlearn.flow_setup import (
     add_flow_options,
-    bound_served_calls,
     check_concurrency,
     check_limit,
     check_questions,
@@ -95,7 +94,7 @@ def collect_command(args: argparse.Namespace) -> int:
     # appended only when made with these settings; more questions or more rollouts per
     # question only add to it
     claim_store(args.out, "collect", settings, free_to_change=("limit",))
-    flow = bound_served_calls(build_flow(spec, context))
+    flow = build_flow(spec, context)
     print(flow.settings())
     extra = {"format_penalty": format_penalty(args.format_penalty)} if args.format_penalty else {}
     trajectories = collect(

@@ -14,7 +14,6 @@ from flowlearn.evals.reports import write_reports
 from flowlearn.evals.scorers import SCORERS
 from flowlearn.flow_setup import (
     add_flow_options,
-    bound_served_calls,
     check_concurrency,
     check_limit,
     check_questions,
@@ -87,7 +86,7 @@ def eval_command(args: argparse.Namespace) -> int:
     marker = claim_folder(out, "eval", settings, free_to_change=("limit",))
     if args.save is not None:  # appended to only when it is a store of flowlearn eval's
         claim_store(args.save, "eval", flag="--save")
-    flow = bound_served_calls(build_flow(spec, context))
+    flow = build_flow(spec, context)
     print(flow.settings())
     results = run_eval(
         flow.graph,

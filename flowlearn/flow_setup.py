@@ -15,7 +15,6 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from flowlearn.compose import PROMPT_SETS, Flow, FlowSpec, build_flow
-from flowlearn.engine import ServerPolicy
 from flowlearn.errors import UsageError
 from flowlearn.evals.cases import Case
 from flowlearn.nodes.schema.context import Context
@@ -26,7 +25,6 @@ __all__ = [
     "Flow",
     "UsageError",
     "add_flow_options",
-    "bound_served_calls",
     "build_cli_flow",
     "check_concurrency",
     "check_limit",
@@ -217,22 +215,4 @@ def build_cli_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flo
         UsageError: a bad option value or a missing model, with how to fix it.
 
     """
-    flow = build_flow(spec_from_args(args), context_from_args(args), checkpointer=checkpointer)
-    return bound_served_calls(flow)
-
-
-def bound_served_calls(flow: Flow) -> Flow:
-    """Cap every served call of `flow` at its run's `max_seconds`, when it has one; return it.
-
-    The planner's calls already end with the run's remaining budget (`Sampling.deadline`).
-    The engine's calls carry no deadline of the run (their settings reach any LangChain chat
-    model, which would not know one), so a served engine's `timeout_s` is cut to the whole
-    budget: a run whose servers fall silent ends within about twice its `--max-seconds`,
-    not after the 300 s each call may otherwise take.
-    """
-    limit = flow.context.max_seconds
-    if limit is not None:
-        for policy in (flow.planner, flow.engine.policy):
-            if isinstance(policy, ServerPolicy):
-                policy.timeout_s = min(policy.timeout_s, limit)
-    return flow
+    return build_flow(spec_from_args(args), context_from_args(args), checkpointer=checkpointer)

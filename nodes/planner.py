@@ -11,7 +11,7 @@ from langchain_core.tools import BaseTool
 from langgraph.types import Overwrite, RetryPolicy
 
 from flowlearn.engine.protocol import Policy, continues_prefill, local_tokenizer
-from flowlearn.engine.sampling import Generation, Sampling
+from flowlearn.engine.sampling import Generation, Sampling, calls_until
 from flowlearn.engine.stops import RepetitionRule, StopWatch
 from flowlearn.nodes.catalogue import enabled_tools, render_catalogue
 from flowlearn.nodes.engine_calls import role_call
@@ -25,7 +25,6 @@ from flowlearn.nodes.render import (
     run_deadline,
     summarize,
     transition,
-    within_run_budget,
 )
 from flowlearn.nodes.retry import ENGINE_RETRY, engine_error, retrying
 from flowlearn.nodes.schema.context import Context
@@ -352,7 +351,8 @@ def make_planner(
         analyzing = runs_analysis(context, prompts)
         analysis = state.get("analysis") if analyzing else None
         if analyzing and not analysis:
-            analysis, record = analyze(state["question"], available, sampling)
+            with calls_until(deadline):  # the engine's analysis ends with the run's budget too
+                analysis, record = analyze(state["question"], available, sampling)
             update["analysis"] = analysis
             update["transitions"].append(record)
 
@@ -377,4 +377,4 @@ def make_planner(
             return failed_decision(update, turn, messages, exc, seconds, runtime)
         return record_decision(update, turn, messages, gen, available, runtime, prefix)
 
-    return within_run_budget(planner)
+    return planner

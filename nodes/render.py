@@ -201,7 +201,8 @@ def within_run_budget(node: Node) -> Node:
 
     The deadline (`run_deadline`) becomes the calls' `engine.sampling.CALL_DEADLINE`, which a
     served model (`ServerPolicy`, under `ServerChatModel` too) honours; local models ignore it.
-    The wrapper keeps the node's signature, so LangGraph still hands it the runtime.
+    The planner, where a run's clock starts, sets its own (`make_planner`). The wrapper keeps
+    the node's signature, so LangGraph still hands it the runtime.
     """
 
     @functools.wraps(node)

@@ -393,6 +393,24 @@ def test_a_silent_engine_server_ends_the_run_in_its_budget(tokenizer: Any) -> No
     assert state["termination"] is not None
 
 
+def test_the_first_visits_analysis_on_a_silent_engine_ends_in_the_budget(tokenizer: Any) -> None:
+    """The query analysis runs before the run's clock is in the state: it starts now."""
+    with raw_server(silent) as server:
+        engine = ServerChatModel(policy=ServerPolicy(server.url, "engine", tokenizer=tokenizer))
+        graph = build_agentflow(ScriptedPolicy([plan("lookup")]), engine, [lookup])
+        start = time.perf_counter()
+        state = graph.invoke(
+            {"question": "Capital of France?"},
+            context=Context(max_seconds=1.5, max_turns=3, query_analysis=True),
+        )
+        seconds = time.perf_counter() - start
+    assert seconds < 3.0, seconds
+    (analysis,) = [t for t in state["transitions"] if t["node"] == "query_analysis"]
+    assert (
+        analysis["parse_status"] == "error" and "sent no whole reply within" in analysis["output"]
+    )
+
+
 def test_a_trained_executor_and_verifier_on_a_failing_server_are_recorded_never_raised(
     tokenizer: Any,
 ) -> None:
