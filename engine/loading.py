@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.errors import ModelNotFoundError, SavedModelError
-from flowlearn.files import save_atomically
+from flowlearn.files import read_capped, save_atomically
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SOURCES = ("default", "smollm2", "")
@@ -281,11 +281,10 @@ def read_json_record(path: Path, what: str) -> Any:
 
     """
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_RECORD_BYTES + 1)
+        raw = read_capped(path, MAX_RECORD_BYTES)
     except OSError as exc:
         raise SavedModelError(f"{path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_RECORD_BYTES:
+    if raw is None:
         raise SavedModelError(
             f"{path} is larger than {MAX_RECORD_BYTES} bytes: not a {what}; restore the file "
             "that was saved there"

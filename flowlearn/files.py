@@ -163,6 +163,20 @@ def _last_line_start(handle: BinaryIO, end: int) -> int:
     return 0
 
 
+def read_capped(path: str | os.PathLike[str], limit: int) -> bytes | None:
+    """Return the bytes of the file at `path`, or None when it holds more than `limit`.
+
+    Reads at most `limit + 1` bytes, so a huge file costs no more than a small one.
+
+    Raises:
+        OSError: the file cannot be read.
+
+    """
+    with open(path, "rb") as handle:
+        raw = handle.read(limit + 1)
+    return raw if len(raw) <= limit else None
+
+
 def write_atomically(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
     """Call `write(tmp)` on a temporary file beside `path`, fsync it, then swap it in.
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from flowlearn.engine.sampling import MAX_NEW_TOKENS, MAX_TEMPERATURE
+from flowlearn.files import read_capped
 from flowlearn.nodes.schema.context import MAX_TURNS
 
 MAX_YAML_BYTES = 1 << 20
@@ -40,11 +41,10 @@ def check_yaml_file(path: str) -> None:
     import yaml
 
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_YAML_BYTES + 1)
+        raw = read_capped(path, MAX_YAML_BYTES)
     except OSError as exc:
         raise ValueError(f"--config {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_YAML_BYTES:
+    if raw is None:
         raise ValueError(f"--config {path} is larger than {MAX_YAML_BYTES} bytes; is it a config?")
     try:
         root = yaml.compose(raw.decode("utf-8"), Loader=yaml.SafeLoader)

@@ -14,7 +14,7 @@ import pytest
 
 from flowlearn.evals.harness import read_results
 from flowlearn.evals.runner import heap_frozen, run_resumable
-from flowlearn.files import JsonlFile, save_atomically, write_atomically
+from flowlearn.files import JsonlFile, read_capped, save_atomically, write_atomically
 
 
 def test_a_torn_last_line_is_cut_before_the_next_append_and_restarts_stay_intact(
@@ -191,3 +191,13 @@ def test_staging_left_by_a_crash_is_cleared_by_the_next_save(tmp_path: Path) -> 
     crashed.mkdir()
     save_atomically(target, lambda s: (s.mkdir(), (s / "f").write_text("x")))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]
+
+
+def test_read_capped_returns_a_small_file_and_refuses_a_large_one(tmp_path: Path) -> None:
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.write_bytes(b"x" * 10)
+    large.write_bytes(b"x" * 11)
+    assert read_capped(small, 10) == b"x" * 10
+    assert read_capped(large, 10) is None
+    with pytest.raises(OSError):
+        read_capped(tmp_path / "absent", 10)
