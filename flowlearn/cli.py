@@ -7,6 +7,9 @@ Why it looks like this:
 2. A usage error is one line and a hint (`CommandParser.error`), not the whole usage.
 3. The libraries' loading bars and warnings are the user's business only under `--verbose`
    (`library_output`); flowlearn's own progress bars and warnings always show.
+4. An error flowlearn raises on purpose is one line, `flowlearn CMD: KIND: message`, and its kind's
+   exit status (`ERROR_KINDS`), so a script can tell bad options from bad data, an unusable model
+   or a failure worth retrying; its traceback shows only under `--verbose`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,21 @@ import contextlib
 import importlib
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from flowlearn.errors import FlowlearnError, UsageError
+from flowlearn.errors import (
+    DataError,
+    FlowlearnError,
+    ModelError,
+    SetupError,
+    TrainingError,
+    TransientError,
+    UsageError,
+)
 from flowlearn.secrets import redact
 
 COMMANDS = {
@@ -44,6 +57,59 @@ QUIET_LIBRARIES = ("transformers", "trl", "peft", "accelerate", "torch", "huggin
 """Libraries whose Python warnings (FutureWarning, UserWarning, ...) only `--verbose` shows."""
 
 
+@dataclass(frozen=True)
+class ErrorKind:
+    """How the command line reports one kind of error: its exit status and its line's words."""
+
+    error: type[FlowlearnError]
+    """The kind (`flowlearn.errors`); its subclasses are reported the same way."""
+    status: int
+    """The exit status (sysexits.h's where one means the same)."""
+    label: str
+    """The line's word for it: `flowlearn CMD: LABEL: message`."""
+    meaning: str
+    """What it means, for `flowlearn --help` and docs/cli.md."""
+    hint: str = ""
+    """Added after the message: what to do that the message cannot know."""
+
+
+ERROR_KINDS = (
+    ErrorKind(UsageError, 2, "error", "a bad option, name or config value"),  # argparse's too
+    ErrorKind(DataError, 65, "data error", "a data file holds a record flowlearn must not use"),
+    ErrorKind(
+        ModelError, 69, "model error", "a model, adapter, checkpoint or server cannot be used"
+    ),
+    ErrorKind(TrainingError, 70, "training stopped", "training met a non-finite value and stopped"),
+    ErrorKind(
+        TransientError,
+        75,
+        "temporary error",
+        "a failure worth retrying outlasted its retries",
+        hint=" (temporary: run the command again; eval and collect resume where they stopped)",
+    ),
+    ErrorKind(SetupError, 78, "setup error", "this machine lacks something (a sandbox, vLLM)"),
+)
+"""Each kind of error the command line tells apart; the first that the error is wins."""
+
+OTHER_ERROR = ErrorKind(FlowlearnError, 1, "error", "any other error flowlearn raised on purpose")
+"""A `FlowlearnError` of no kind above."""
+
+
+def error_kind(exc: FlowlearnError) -> ErrorKind:
+    """Return how the command line reports `exc`."""
+    return next((k for k in ERROR_KINDS if isinstance(exc, k.error)), OTHER_ERROR)
+
+
+def report_error(exc: FlowlearnError, command: str, *, verbose: bool) -> int:
+    """Print `exc` as one line (its traceback before it under `verbose`); return its status."""
+    kind = error_kind(exc)
+    if verbose:
+        print(redact("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
+    message = " ".join(redact(str(exc)).splitlines())
+    print(f"flowlearn {command}: {kind.label}: {message}{kind.hint}", file=sys.stderr)
+    return kind.status
+
+
 class CommandParser(argparse.ArgumentParser):
     """argparse's parser whose usage error is one line with a hint, not the whole usage."""
 
@@ -55,7 +121,10 @@ class CommandParser(argparse.ArgumentParser):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Return the parser of every subcommand (`only`: that one whole, the others named only)."""
     parser = CommandParser(
-        prog="flowlearn", description="Agent workflows that learn from their own runs."
+        prog="flowlearn",
+        description="Agent workflows that learn from their own runs.",
+        epilog=exit_statuses(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the table's lines as written
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():
@@ -66,8 +135,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def exit_statuses() -> str:
+    """Return the table of exit statuses that `flowlearn --help` ends with."""
+    kinds = sorted((*ERROR_KINDS, OTHER_ERROR), key=lambda kind: kind.status)
+    rows = [f"  {k.status:<3} {k.error.__name__:<15} {k.meaning}" for k in kinds]
+    return "\n".join(["exit status:", "  0   done", *rows])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status (2 for bad options, 1 for other errors)."""
+    """Run the command line; return the exit status (`ERROR_KINDS`'s for an error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     named = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(named if named in COMMANDS else None)
@@ -82,8 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with library_output(verbose=bool(verbose)):
             return int(handler(args))
     except FlowlearnError as exc:  # a message that says what to fix, not a traceback
-        print(f"flowlearn {args.command}: error: {redact(str(exc))}", file=sys.stderr)
-        return 2 if isinstance(exc, UsageError) else 1
+        return report_error(exc, args.command, verbose=bool(verbose))
 
 
 @contextlib.contextmanager

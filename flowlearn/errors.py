@@ -1,9 +1,12 @@
-"""The errors flowlearn raises on purpose: one base, and a few kinds the CLI turns into messages.
+"""The errors flowlearn raises on purpose: one base, a few kinds, and the specific errors.
 
-Each also derives from the built-in error it has always been (`ValueError`, `RuntimeError`), so
-code that caught those keeps working. `flowlearn` exits 2 on a `UsageError` (the command line
-or a config names something that is not there) and 1 on any other `FlowlearnError`, printing
-its message (secrets redacted) instead of a traceback.
+A kind says what the user has to fix, and the `flowlearn` command exits with its own status
+(the table is `flowlearn.cli.ERROR_KINDS`): a bad option or name (`UsageError`), a bad record in
+a data file (`DataError`), a model, adapter or server that cannot be used (`ModelError`), a
+training run that stopped (`TrainingError`), a temporary failure worth running again
+(`TransientError`), or this machine lacking something (`SetupError`). Each specific error below
+derives from its kind, and also from the built-in error it has always been (`ValueError`,
+`RuntimeError`), so code that caught those keeps working.
 """
 
 from __future__ import annotations
@@ -15,19 +18,45 @@ class FlowlearnError(Exception):
     """Base of every error flowlearn raises on purpose; its message says what to fix."""
 
 
+# ---- the kinds: what the user has to fix -------------------------------------------------------
+
+
 class UsageError(FlowlearnError, ValueError):
-    """A bad name, option or setting; the CLI prints it and exits with status 2."""
+    """A bad name, option or setting: the command line or a config names something not there."""
 
 
-class ModelNotFoundError(FlowlearnError, RuntimeError):
+class DataError(FlowlearnError, ValueError):
+    """A data file holds a record flowlearn must not use; the message names file, line, field."""
+
+
+class ModelError(FlowlearnError):
+    """A model, adapter, saved checkpoint or generation server that cannot be used as asked."""
+
+
+class TrainingError(FlowlearnError):
+    """A training run stopped on what it met while training; nothing unsound was saved."""
+
+
+class TransientError(FlowlearnError):
+    """A failure worth a later try (rate limit, timeout, lost connection) that outlasted retries."""
+
+
+class SetupError(FlowlearnError):
+    """Something a command needs is missing here (a sandbox, vLLM); the message says what to do."""
+
+
+# ---- the specific errors, each under its kind -------------------------------------------------
+
+
+class ModelNotFoundError(ModelError, RuntimeError):
     """No model could be found where the user (or the default) pointed."""
 
 
-class SandboxUnavailableError(FlowlearnError, RuntimeError):
+class SandboxUnavailableError(SetupError, RuntimeError):
     """The host cannot isolate the `python` tool's code; the message says why and what to do."""
 
 
-class ServerError(FlowlearnError, RuntimeError):
+class ServerError(ModelError, RuntimeError):
     """A generation server answered with an error status; `status_code` tells retries what it was.
 
     The caller redacts the message (a 401 body may echo the bearer token).
@@ -39,7 +68,7 @@ class ServerError(FlowlearnError, RuntimeError):
         self.status_code = status_code
 
 
-class ServerReplyError(FlowlearnError, RuntimeError):
+class ServerReplyError(ModelError, RuntimeError):
     """A generation server's reply could not be used: past its deadline, too large, or malformed.
 
     Never retried: the same request would spend the same time or bring the same reply. The
@@ -48,27 +77,23 @@ class ServerReplyError(FlowlearnError, RuntimeError):
     """
 
 
-class TransientEngineError(FlowlearnError):
+class TransientEngineError(TransientError):
     """A transient model error that outlasted its retries; `__cause__` is the last one raised."""
 
 
-class TransientSearchError(FlowlearnError):
+class TransientSearchError(TransientError):
     """A web search failure worth retrying: rate limit, timeout, connection or server error."""
 
 
-class AdapterError(FlowlearnError, RuntimeError):
+class AdapterError(ModelError, RuntimeError):
     """The planner server could not take an adapter; the message says why and what to change."""
 
 
-class DataError(FlowlearnError, ValueError):
-    """A data file holds a record flowlearn must not use; the message names file, line, field."""
-
-
-class TrainingDivergedError(FlowlearnError, RuntimeError):
+class TrainingDivergedError(TrainingError, RuntimeError):
     """Training met a non-finite loss, gradient norm or weight, and stopped before saving it."""
 
 
-class SavedModelError(FlowlearnError, ValueError):
+class SavedModelError(ModelError, ValueError):
     """A saved model, adapter or checkpoint flowlearn must not load; the message says why and how.
 
     Another base's adapters, an adapter larger than its base allows, a checkpoint that pickles

@@ -6,11 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flowlearn.compose import build_flow, load_work, model_sizes, run_settings
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS
-from flowlearn.evals.harness import run_eval
-from flowlearn.evals.reports import write_reports
 from flowlearn.evals.scorers import SCORERS
 from flowlearn.flow_setup import (
     add_flow_options,
@@ -54,6 +51,11 @@ def add_parser(commands: Any) -> None:
 
 def eval_command(args: argparse.Namespace) -> int:
     """Evaluate and report."""
+    # the flow's modules (LangGraph, LangChain) load after the options have parsed
+    from flowlearn.compose import build_flow, load_work, model_sizes, run_settings
+    from flowlearn.evals.harness import run_eval
+    from flowlearn.evals.reports import write_reports
+
     check_concurrency(args.concurrency)
     check_limit(args.limit)
     if args.save is not None and args.save.is_dir():

@@ -12,15 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from flowlearn.engine import ServerPolicy
 from flowlearn.errors import UsageError
 from flowlearn.files import JsonlFile
-from flowlearn.flow_setup import Flow, add_flow_options, build_cli_flow, context_from_args
-from flowlearn.graphs import InputState
+from flowlearn.flow_setup import add_flow_options, build_cli_flow, context_from_args
+from flowlearn.nodes.schema import InputState
 from flowlearn.outputs import claim_store
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the flow's modules load with the flow, after the options have parsed
     from langchain_core.runnables import RunnableConfig
+
+    from flowlearn.compose import Flow
 
 
 def add_parser(commands: Any) -> None:
@@ -135,6 +136,8 @@ def check_checkpoints_file(path: Path) -> None:
 
 def answer(args: argparse.Namespace, flow: Flow, saver: Any, config: RunnableConfig | None) -> int:
     """Stream the run (new, or resumed from its checkpoint) and print the answer."""
+    from flowlearn.engine.server import ServerPolicy
+
     planner = str(getattr(flow.planner, "version", type(flow.planner).__name__))
     if isinstance(flow.planner, ServerPolicy):  # say where its prompts are rendered
         where = "here" if flow.planner.tokenizer is not None else "by the server"

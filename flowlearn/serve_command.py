@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from flowlearn.errors import FlowlearnError
+from flowlearn.errors import SetupError
 
 
 def add_parser(commands: Any) -> None:
@@ -29,6 +29,7 @@ def add_parser(commands: Any) -> None:
         dest="print_only",
         help="print the command instead of running it (to run it on the serving machine)",
     )
+    parser.add_argument("--verbose", action="store_true", help="show an error's traceback")
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -36,7 +37,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
     Raises:
         UsageError: a folder that is not a result, or a base vLLM cannot serve.
-        FlowlearnError: vLLM is not installed here (the message holds the command to run).
+        SetupError: vLLM is not installed here (the message holds the command to run).
 
     """
     from flowlearn.compose.trained import read_result
@@ -49,7 +50,7 @@ def serve_command(args: argparse.Namespace) -> int:
         return 0
     found = shutil.which("vllm")
     if found is None:
-        raise FlowlearnError(
+        raise SetupError(
             f"vllm is not installed here (pip install vllm, on a machine with a GPU); run "
             f"there: {line}"
         )

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from flowlearn.errors import AdapterError, UsageError
+from flowlearn.errors import FlowlearnError, UsageError
 
 
 def add_parser(commands: Any) -> None:
@@ -47,6 +47,8 @@ def train_command(args: argparse.Namespace) -> int:
         resuming = config.resume or resume_from is not None
         check_run(config, resuming=resuming)  # stored rollouts
         claim_output_dir(config, resuming=resuming, create=False)  # checked, nothing written
+    except FlowlearnError:
+        raise  # its own kind: a bad record in --trajectories is a data error, not a usage one
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from exc
     if config.dry_run:  # validated as a run is; the estimate reads the model's config alone
@@ -55,10 +57,8 @@ def train_command(args: argparse.Namespace) -> int:
         if main_process:
             print(report(config))
         return 0
-    try:
-        final = train(config, build_training_parts(config), resume_from=resume_from)
-    except AdapterError as exc:  # the planner_url server refused an adapter: say why, no trace
-        raise UsageError(str(exc)) from exc
+    # an adapter the planner_url server refused is a ModelError: the CLI says why, no trace
+    final = train(config, build_training_parts(config), resume_from=resume_from)
     if main_process:
         print(f"final policy: {final} (use it: flowlearn run QUESTION --planner {final})")
     return 0

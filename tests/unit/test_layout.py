@@ -74,6 +74,10 @@ def test_no_type_checking_imports_of_project_modules(layer: str) -> None:
     dodges = []
     for path in sources(layer):
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        if path.name == "__init__.py" and any(
+            isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body
+        ):
+            continue  # names loaded on first use (PEP 562), declared for mypy: test_lazy_names
         for node in ast.walk(tree):
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 for inner in ast.walk(node):

@@ -15,10 +15,22 @@ from types import SimpleNamespace
 
 import pytest
 
-from flowlearn.cli import QUIET_ENV, library_output, main
+from flowlearn.cli import COMMANDS, QUIET_ENV, library_output, main
 
 ROOT = Path(__file__).parents[2]
 HEAVY = ("torch", "transformers", "trl", "peft")
+FLOW_LIBRARIES = ("langgraph", "langchain_core", "langchain", *HEAVY)
+"""What the flow and the trainer load: none of it may load before the options have parsed."""
+USAGE_ERRORS = [
+    *([name, "--nonsense"] for name in COMMANDS),  # an unknown flag, for every subcommand
+    ["run", "q", "--max-turns", "many"],  # a bad value
+    ["eval", "--benchmark", "nope"],
+    ["collect", "--benchmark", "gameof24"],  # a missing option (--out)
+    ["serve"],  # a missing argument (the folder)
+    ["run"],  # no question: told by the command, before the flow is built
+    ["nope"],  # an unknown subcommand
+    ["--nonsense"],
+]
 
 
 @pytest.mark.parametrize(
@@ -29,8 +41,8 @@ HEAVY = ("torch", "transformers", "trl", "peft")
     ],
 )
 def test_a_usage_error_is_one_line_and_quick(argv: list[str], message: str) -> None:
-    # measured on 2 loaded cores (load 3.9): train 0.3-0.5 s (7 s before: TRL was imported
-    # first), run 2.1-2.9 s (its parser needs LangGraph's schema); bounded generously here
+    # measured on 2 loaded cores (load 4 to 7): train 0.1-0.3 s (7 s before: TRL was imported
+    # first), run 0.1 s (1.0-4.2 s while its options imported LangGraph); bounded generously here
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "flowlearn", *argv], capture_output=True, text=True, check=False
@@ -41,6 +53,24 @@ def test_a_usage_error_is_one_line_and_quick(argv: list[str], message: str) -> N
     assert len(lines) == 1 and lines[0].startswith(message), done.stderr
     assert "--help" in lines[0] and "usage:" not in done.stderr
     assert seconds < 10, seconds
+
+
+@pytest.mark.parametrize("argv", USAGE_ERRORS, ids=" ".join)
+def test_a_usage_error_is_told_before_the_flows_libraries_load(argv: list[str]) -> None:
+    # `-X importtime` names every module the command imported, on stderr beside its message
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "flowlearn", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    imports = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+    said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(said) == 1 and said[0].startswith("flowlearn") and "usage:" not in said[0], said
+    loaded = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in imports}
+    assert "flowlearn" in loaded  # the report is read right: it names the package itself
+    assert not loaded & set(FLOW_LIBRARIES), sorted(loaded & set(FLOW_LIBRARIES))
 
 
 def test_a_train_usage_error_imports_neither_torch_nor_trl() -> None:

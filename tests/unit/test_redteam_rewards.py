@@ -134,7 +134,7 @@ def test_train_on_a_poisoned_trajectory_file_exits_naming_it_and_writes_nothing(
     argv = ["train", "--planner", str(tiny_model_dir), "--trajectories", str(path)]
     status = main([*argv, "--output-dir", str(out), "--bf16", "false"])
     err = capsys.readouterr().err
-    assert status in (1, 2)
+    assert status == 65  # a data error
     assert "poisoned.jsonl:2: field reward" in err and "not a finite number" in err
     assert not (out / "final").exists()
     written = {p.name for p in out.iterdir()} if out.exists() else set()

@@ -170,7 +170,7 @@ def test_train_on_a_file_with_bad_tokens_exits_naming_it_and_writes_nothing(
     argv = ["train", "--planner", str(tiny_model_dir), "--trajectories", str(path)]
     status = main([*argv, "--output-dir", str(out), "--bf16", "false"])
     err = capsys.readouterr().err
-    assert status in (1, 2)
+    assert status == 65  # a data error
     assert f"poisoned.jsonl:2: field transitions[0].{name}[1]" in err
     assert not (out / "final").exists()  # positive logprobs once trained to loss 0 and saved
     written = {p.name for p in out.iterdir()} if out.exists() else set()

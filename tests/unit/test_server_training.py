@@ -102,9 +102,9 @@ def test_server_training_refuses_a_server_without_runtime_lora(
             *("--max_completion_length", "8", "--max-steps", "1", "--bf16", "false"),
             *("--output-dir", str(tmp_path / "out"), "--planner-url", f"{server.url}/v1"),
         ]
-        assert main(["train", *flags]) == 2
+        assert main(["train", *flags]) == 69  # a model error: the server cannot take adapters
     said = capsys.readouterr().err
-    assert "flowlearn train: error: the planner server" in said
+    assert "flowlearn train: model error: the planner server" in said
     assert "refused to load LoRA adapter 'flow-" in said and "HTTP 404" in said
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in said and "--enable-lora" in said
     assert vllm.models_named == []  # no rollout ran on an adapter that is not there
