@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from flowlearn.compose import build_flow, load_work, run_settings
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.evals.scorers import SCORERS
@@ -21,8 +20,6 @@ from flowlearn.flow_setup import (
 )
 from flowlearn.nodes.schema import token_faithful
 from flowlearn.outputs import claim_store
-from flowlearn.training.rollouts import collect, format_penalty
-from flowlearn.training.trajectories import TrajectoryStore
 
 MAX_GROUP_SIZE = 1024
 """The most rollouts per question `--group-size` takes (the paper samples 8)."""
@@ -60,12 +57,20 @@ def add_parser(commands: Any) -> None:
         default=0.0,
         help="subtract this times the share of unparseable planner turns",
     )
-    # rollouts to train on need variety: sampled, not greedy as a run (the paper's 3 turns)
-    add_flow_options(parser, max_turns=3, temperature=0.7)
+    # rollouts to train on need variety: sampled, not greedy as a run (the paper's 3 turns),
+    # with training's defaults, declared once
+    from flowlearn.nodes.schema.context import TRAINING_CONTEXT as rollouts
+
+    add_flow_options(parser, defaults=rollouts)
 
 
 def collect_command(args: argparse.Namespace) -> int:
     """Collect and store."""
+    # the flow's modules (LangGraph, LangChain) load after the options have parsed
+    from flowlearn.compose import build_flow, load_work, run_settings
+    from flowlearn.training.rollouts import collect, format_penalty
+    from flowlearn.training.trajectories import TrajectoryStore
+
     if not 1 <= args.group_size <= MAX_GROUP_SIZE:
         raise UsageError(f"--group-size must be in [1, {MAX_GROUP_SIZE}], got {args.group_size}")
     if not math.isfinite(args.format_penalty) or args.format_penalty < 0:

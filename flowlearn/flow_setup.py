@@ -2,7 +2,9 @@
 
 The run-scoped flags come from `Context`'s own fields (defaults and help text included), so a
 setting has one declaration; the model and tool flags name a `FlowSpec` for the composition
-root (`flowlearn.compose`), which reads the environment for what the flags leave unset.
+root (`flowlearn.compose`), which reads the environment for what the flags leave unset. The
+options are built from the schema and the prompt sets alone; the composition root (LangGraph,
+LangChain) is imported only once they have parsed, so a mistyped flag is told at once.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flowlearn.compose import PROMPT_SETS, Flow, FlowSpec, build_flow
 from flowlearn.errors import UsageError
 from flowlearn.evals.cases import Case
+from flowlearn.nodes.presets import PROMPT_SETS
 from flowlearn.nodes.schema.context import Context
+
+if TYPE_CHECKING:  # the composition root loads LangGraph: imported where a flow is built
+    from flowlearn.compose import Flow, FlowSpec
 
 __all__ = [
     "MAX_CONCURRENCY",
@@ -45,6 +50,15 @@ CONTEXT_FLAGS = {
 """The `Context` fields the CLI sets, and their flags (`--tools` is parsed as a list)."""
 
 
+def __getattr__(name: str) -> Any:
+    """Import `Flow` on first use: it brings the composition root, and LangGraph with it."""
+    if name == "Flow":
+        from flowlearn.compose import Flow
+
+        return Flow
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class DeprecatedAlias(argparse.Action):
     """Store the value under the new option's name and warn that the old spelling is going."""
 
@@ -66,10 +80,13 @@ class DeprecatedAlias(argparse.Action):
 def add_flow_options(
     parser: argparse.ArgumentParser,
     *,
-    max_turns: int | None = None,
-    temperature: float | None = None,
+    defaults: Context | None = None,
 ) -> None:
-    """Add the model, run-context and tool options (`max_turns`, `temperature`: their defaults)."""
+    """Add the model, run-context and tool options.
+
+    Each context flag defaults to `defaults`' field (None: `Context()`'s, a run's; `flowlearn
+    collect` gives `TRAINING_CONTEXT`).
+    """
     models = parser.add_argument_group("models")
     models.add_argument(
         "--planner", help="planner model: hub id, local folder or .gguf file ($FLOWLEARN_PLANNER)"
@@ -111,9 +128,8 @@ def add_flow_options(
     for name, flag in CONTEXT_FLAGS.items():
         f = by_name[name]
         default = f.default if f.default is not MISSING else None
-        overrides = {"max_turns": max_turns, "planner_temperature": temperature}
-        if overrides.get(name) is not None:
-            default = overrides[name]
+        if defaults is not None:
+            default = getattr(defaults, name)
         counts = {"max_turns", "planner_max_new_tokens", "seed", "max_question_chars"}
         kind = int if name in counts else float
         help_text = f.metadata["description"] + (f" ({default})" if default is not None else "")
@@ -192,6 +208,8 @@ def check_questions(cases: Sequence[Case], context: Context) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> FlowSpec:
     """Name the flow's parts from the flags; unset ones come from `FLOWLEARN_*` variables."""
+    from flowlearn.compose import FlowSpec
+
     return FlowSpec.from_env(
         planner=args.planner,
         engine=args.engine,
@@ -215,4 +233,6 @@ def build_cli_flow(args: argparse.Namespace, *, checkpointer: Any = None) -> Flo
         UsageError: a bad option value or a missing model, with how to fix it.
 
     """
+    from flowlearn.compose import build_flow
+
     return build_flow(spec_from_args(args), context_from_args(args), checkpointer=checkpointer)

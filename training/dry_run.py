@@ -18,8 +18,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from flowlearn.nodes.schema.context import TRAINING_CONTEXT
 from flowlearn.training.metrics import CURVE_FILE, METRICS_FILE
 from flowlearn.training.run import ROLLOUTS_FILE, RUN_FILE
+
+BUDGET = TRAINING_CONTEXT.planner_max_new_tokens
+"""A planner turn's token budget where the config leaves `max_completion_length` unset."""
 
 GIB = 1024**3
 PROMPT_TOKENS = 2048
@@ -153,7 +157,7 @@ def rollout_concurrency(config: Any) -> int:
 def context_tokens(config: Any) -> int:
     """Return the tokens one sequence's KV cache holds: vLLM's cap, else prompt + completion."""
     return int(
-        config.vllm_max_model_length or PROMPT_TOKENS + (config.max_completion_length or 512)
+        config.vllm_max_model_length or PROMPT_TOKENS + (config.max_completion_length or BUDGET)
     )
 
 
@@ -162,7 +166,7 @@ def step_lines(config: Any) -> list[str]:
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     rollouts = config.questions_per_step * config.num_generations
     calls = rollouts * config.max_turns
-    tokens = calls * (config.max_completion_length or 512)
+    tokens = calls * (config.max_completion_length or BUDGET)
     lines = [
         "step (per process; upper bounds):",
         f"  rollouts: {rollouts} ({config.questions_per_step} questions x "

@@ -1,28 +1,30 @@
 """TRL's constructor shape: a model name, reward functions and a dataset become a flow to train.
 
 `FlowGRPOTrainer(model="Qwen/...", reward_funcs=[...], args=FlowGRPOConfig(...),
-train_dataset=dataset)` reads as TRL's `GRPOTrainer` call. This module builds what it needs
-from those, as `flowlearn train` builds it from a config file's names:
+train_dataset=dataset)` reads as TRL's `GRPOTrainer` call. This module translates those into
+the composition root's inputs and asks the root (`flowlearn.compose.training`) for the flow's
+parts, as `flowlearn train`, `flowlearn run` and Studio do:
 
-1. The model: a hub id, a folder, a .gguf file or `default`/`default-base` loads as the
+1. The names: the model as given (its name, or a loaded model's `name_or_path`) and `args`
+   become the root's `FlowSpec` (`training_spec`), checked before any model loads (tools,
+   models, corpus, web key, sandbox, trained nodes: `check_training_names`).
+2. The model: a hub id, a folder, a .gguf file or `default`/`default-base` loads as the
    planner (LoRA-wrapped when `args.lora` says so, or above 1B parameters); a loaded model is
    taken as it is, with `processing_class` or its own tokenizer.
-2. The fixed engine, unless given: `args.engine` (a name, or `base`: the frozen base under
-   LoRA), else the engine a trained folder records, else a separate frozen copy of the
-   planner's untrained model. A served engine (`engine_url`) is passed in as `engine=`.
-3. The tools, unless given: the default tools over that engine (`args.tools` picks among
-   them), ordered and sized by the prompt set.
-4. The prompt set, unless given: `args.prompts`, else the one a trained folder records, else
-   `smollm2` beside the embedded default model, else AgentFlow's (`nodes.presets`).
-5. The output folder is claimed as `flowlearn train` claims it: one of other files is refused.
-6. The questions: the dataset's rows (`rewards.dataset_cases`); the outcome: the reward
+3. The fixed engine, tools and prompt set, each unless given (`flow_parts`): `args.engine`
+   (a name, or `base`: the frozen base under LoRA) or `engine_url`, else the engine a trained
+   folder records, else a frozen copy of the planner's untrained model; the default tools
+   over it (`args.tools`, `web`, `python_isolation`); `args.prompts`, else the set a trained
+   folder records, else `smollm2` beside the embedded model, else AgentFlow's.
+4. The output folder is claimed as `flowlearn train` claims it: one of other files is refused.
+5. The questions: the dataset's rows (`rewards.dataset_cases`); the outcome: the reward
    functions' weighted sum (`rewards.RewardFunctions`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,18 +32,16 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 from trl.trainer.grpo_config import GRPOConfig
 
+from flowlearn.compose.training import check_training_names, flow_parts, training_spec
 from flowlearn.engine import (
     BatchingPolicy,
     FrozenBasePolicy,
     HFChatModel,
     HFPolicy,
     ModelHandle,
-    untrained_twin,
 )
 from flowlearn.engine.protocol import Policy
-from flowlearn.nodes.presets import named_prompts, prompts_for
-from flowlearn.nodes.prompts import Prompts, recorded_engine
-from flowlearn.nodes.tools import default_tools
+from flowlearn.nodes.prompts import Prompts
 from flowlearn.outputs import claim_folder
 from flowlearn.training.config import FlowGRPOConfig
 from flowlearn.training.model import load_planner, with_lora
@@ -75,6 +75,8 @@ class TRLParts:
     """The model as named (the base of every node's adapter), recorded in a saved final/."""
     server: ServerGeneration | None = None
     """Where a graph of yours samples (`planner_url`, each node's adapter pushed); None: here."""
+    tools: list[BaseTool] = field(default_factory=list)
+    """The AgentFlow graph's tools, as the composition root bound them; empty: your graph's."""
 
 
 def resolve_source(
@@ -188,37 +190,29 @@ def trl_parts(
 
     Raises:
         ValueError: a missing dataset or reward function, a config that is not a
-            `FlowGRPOConfig`, names that contradict each other, or a served engine by name.
+            `FlowGRPOConfig`, names that contradict each other; a name the composition root
+            refuses (`UsageError`: a tool, model, corpus, web key or sandbox, as `flowlearn
+            train` refuses it).
 
     """
-    if not isinstance(args, FlowGRPOConfig):
-        raise ValueError(
-            f"args is a {type(args).__name__}; FlowGRPOTrainer takes a FlowGRPOConfig (TRL's "
-            "GRPOConfig with the flow's settings: max_turns, questions_per_step, lora, ...)"
-        )
+    given = any(p is not None for p in (engine, tools, prompts))
+    refuse_contradictions(args, graph_factory, parts_given=given)
     if train_dataset is None:
         raise ValueError("train_dataset is required: the questions (and answers) to train on")
     if reward_funcs is None:
         raise ValueError("reward_funcs is required: the functions that score each rollout")
-    if args.planner_url is not None and graph_factory is None:
-        raise ValueError(
-            "planner_url: TRL's shape samples the AgentFlow graph locally; to sample it on a "
-            "vLLM server, train with `flowlearn train --planner_url ...`, or build the trainer "
-            "with FlowGRPOTrainer.online(..., server=ServerGeneration.at(url, adapter_dir)). A "
-            "graph_factory of your own (trainable_graph) samples on the server"
-        )
-    if graph_factory is not None and any(p is not None for p in (engine, tools, prompts)):
-        raise ValueError(
-            "give graph_factory or engine, tools and prompts, not both: the factory builds "
-            "the whole graph, its prompts included"
-        )
     outcome = RewardFunctions.of(reward_funcs, args.reward_weights)
+    source_name = _model_name(model, args)
+    spec = None
+    if graph_factory is None:  # the root's names, checked before anything loads
+        _refuse_nameless_engine(source_name, args, given=engine is not None)
+        spec = training_spec(args, planner=source_name or "")
+        check_training_names(args, spec, planner_loaded=not isinstance(model, str))
     # the folder belongs to this run, as under `flowlearn train`: a folder of other files is
     # refused before anything loads or is written (`flowlearn.outputs`)
     claim_folder(Path(str(args.output_dir)), "train", flag="output_dir", adopt=("run.json",))
     cases = dataset_cases(train_dataset)
     device = "cpu" if args.use_cpu else None  # None: CUDA when available
-    source_name = _model_name(model, args)
     refuse_init_kwargs_beside_loaded(model, args)
     if isinstance(model, str):
         model, loaded, lora = load_planner(args, model, None, device)
@@ -229,14 +223,13 @@ def trl_parts(
 
         processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
     handle = ModelHandle(model, processing_class)
-    engine_name = _engine_name(args, source_name, engine is not None or graph_factory is not None)
-    if graph_factory is None:
-        if prompts is None:
-            named = named_prompts(args.prompts) if args.prompts else None
-            prompts = named or prompts_for(source_name, engine_name)
-        engine = engine or local_engine(args, engine_name, handle, device, prompts)
-        bound = list(tools) if tools is not None else _default_tools(args, engine, prompts)
-        graph_factory = agentflow_factory(engine, bound, prompts)
+    engine_name: str | None = None
+    bound: list[BaseTool] = []
+    if graph_factory is None:  # the AgentFlow graph, on the root's parts
+        assert spec is not None  # named and checked above, before anything loaded
+        flow = flow_parts(args, spec, handle, device, engine=engine, tools=tools, prompts=prompts)
+        prompts, engine_name, bound = flow.prompts, flow.engine_name, flow.tools
+        graph_factory = agentflow_factory(flow.engine, bound, prompts)
     source = Rollouts(
         graph_factory,
         outcome,
@@ -249,8 +242,44 @@ def trl_parts(
     )
     server = ServerGeneration.of(args, Path(str(args.output_dir)))  # your graph, not AgentFlow's
     return TRLParts(
-        model, processing_class, source, handle, prompts, outcome, engine_name, source_name, server
+        model,
+        processing_class,
+        source,
+        handle,
+        prompts,
+        outcome,
+        engine_name,
+        source_name,
+        server,
+        tools=bound,
     )
+
+
+def refuse_contradictions(args: Any, graph_factory: Any, *, parts_given: bool) -> None:
+    """Refuse a TRL-shaped call whose config or parts exclude each other.
+
+    Raises:
+        ValueError: `args` no `FlowGRPOConfig`; `planner_url` with the AgentFlow graph; a
+            `graph_factory` beside an engine, tools or prompts.
+
+    """
+    if not isinstance(args, FlowGRPOConfig):
+        raise ValueError(
+            f"args is a {type(args).__name__}; FlowGRPOTrainer takes a FlowGRPOConfig (TRL's "
+            "GRPOConfig with the flow's settings: max_turns, questions_per_step, lora, ...)"
+        )
+    if args.planner_url is not None and graph_factory is None:
+        raise ValueError(
+            "planner_url: TRL's shape samples the AgentFlow graph locally; to sample it on a "
+            "vLLM server, train with `flowlearn train --planner_url ...`, or build the trainer "
+            "with FlowGRPOTrainer.online(..., server=ServerGeneration.at(url, adapter_dir)). A "
+            "graph_factory of your own (trainable_graph) samples on the server"
+        )
+    if graph_factory is not None and parts_given:
+        raise ValueError(
+            "give graph_factory or engine, tools and prompts, not both: the factory builds "
+            "the whole graph, its prompts included"
+        )
 
 
 def _model_name(model: Any, args: FlowGRPOConfig) -> str | None:
@@ -262,21 +291,10 @@ def _model_name(model: Any, args: FlowGRPOConfig) -> str | None:
     return str(name) if name else None
 
 
-def _engine_name(args: FlowGRPOConfig, planner: str | None, given: bool) -> str | None:
-    if given:
-        return None
-    if args.engine_url is not None:
-        raise ValueError(
-            "engine_url: build the served engine yourself and pass it as engine= (e.g. "
-            "flowlearn.engine.ServerChatModel), or train with `flowlearn train`, which does"
-        )
-    if args.engine == "base":
-        return planner
-    if args.engine:
-        return args.engine
-    recorded = recorded_engine(planner) if planner else None
-    if recorded or planner:
-        return recorded or untrained_twin(planner)
+def _refuse_nameless_engine(planner: str | None, args: FlowGRPOConfig, *, given: bool) -> None:
+    """Refuse a loaded model with no name when nothing else names the fixed engine."""
+    if planner or given or args.engine or args.engine_url is not None:
+        return
     raise ValueError(
         "the model has no name_or_path to load the fixed engine from; pass engine= or set "
         "args.engine"
@@ -326,7 +344,3 @@ def local_engine(
         max_new_tokens=prompts.budgets.engine,
         fixed_max_new_tokens=args.engine_max_new_tokens,
     )
-
-
-def _default_tools(args: FlowGRPOConfig, engine: BaseChatModel, prompts: Prompts) -> list[BaseTool]:
-    return default_tools(engine, corpus=args.corpus, k=prompts.search_k, order=prompts.tool_order)

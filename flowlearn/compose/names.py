@@ -50,7 +50,8 @@ class FlowSpec:
     """The names a flow is built from: which models, tools and data, not yet loaded."""
 
     planner: str = "default"
-    """Planner model: "default" (embedded SmolLM2), a hub id, a folder or a .gguf file."""
+    """Planner model: "default" (embedded SmolLM2), a hub id, a folder or a .gguf file; ""
+    for a model loaded already that has no name (training's `model=` object)."""
     engine: str | None = None
     """Fixed engine model; None: the planner's model (one copy in memory)."""
     planner_url: str | None = None
@@ -110,7 +111,9 @@ class FlowSpec:
         if self.engine:
             return self.engine, "as named"
         try:
-            trained = None if self.planner_url else recorded_engine(self.planner)
+            trained = (
+                None if self.planner_url or not self.planner else recorded_engine(self.planner)
+            )
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         if trained:
@@ -127,8 +130,8 @@ class FlowSpec:
         """
         if self.prompts is not None:
             return PROMPT_SETS[self.prompts]
-        planner = None if self.planner_url else self.planner
-        engine = None if self.engine_url else (self.engine or self.planner)
+        planner = None if self.planner_url or not self.planner else self.planner
+        engine = None if self.engine_url else (self.engine or self.planner or None)
         try:  # a planner trained here keeps the prompts it was trained under
             return prompts_for(planner, engine)
         except ValueError as exc:
@@ -171,8 +174,12 @@ def check_names(
     tools: Sequence[str] | None = None,
     benchmark: str | None = None,
     data: str | None = None,
+    planner_loaded: bool = False,
 ) -> None:
     """Check every name before any work starts: tools, models, corpus, benchmark, data file.
+
+    `planner_loaded`: the planner is a model object loaded already (training in TRL's shape),
+    so its name is a label, not a path to check.
 
     Raises:
         UsageError: the first bad name, with the choices or the fix.
@@ -217,7 +224,7 @@ def check_names(
         if url is not None and not url.startswith(("http://", "https://")):
             raise UsageError(f"{flag} must be the server's base URL, http(s)://HOST:PORT/v1")
     # A served model is named as its server knows it (the engine's tokenizer load checks it).
-    planner = None if spec.planner_url else spec.planner
+    planner = None if spec.planner_url or planner_loaded else spec.planner
     engine = None if spec.engine_url else spec.engine
     for name in filter(None, (planner, engine)):
         check_model_name(name)

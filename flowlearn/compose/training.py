@@ -1,12 +1,21 @@
 """A training job's parts from a `FlowGRPOConfig`'s names: planner, engine, tools and data.
 
-Training's modules load torch and TRL, so only the functions that build a job import them.
+`flowlearn train` and TRL's shape (`FlowGRPOTrainer(model=..., args=FlowGRPOConfig(...))`,
+`training.from_trl`) both ask `flow_parts` for the rollouts' engine, tools and prompt set,
+from the `FlowSpec` that `training_spec` names: the names and builders `flowlearn run` and
+Studio use. Training's modules load torch and TRL, so only the functions that build a job
+import them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.tools import BaseTool
 
 from flowlearn.compose.flows import build_tools, load_work
 from flowlearn.compose.models import server_engine
@@ -26,18 +35,23 @@ if TYPE_CHECKING:
     from flowlearn.training.run import TrainingParts
 
 
-def training_spec(config: FlowGRPOConfig) -> FlowSpec:
+def training_spec(config: FlowGRPOConfig, planner: str | None = None) -> FlowSpec:
     """Name the job's planner, engine and tools from the config alone (plus cache folders).
 
-    An unset engine is resolved as `flowlearn run` resolves it (`FlowSpec.engine_choice`): a
-    planner that `flowlearn train` wrote trains on against the engine it was trained against.
+    `planner`: the model TRL's shape was given, by name or loaded ("" for a loaded model with
+    no name); None: `config.planner`. An unset engine is resolved as `flowlearn run` resolves
+    it (`FlowSpec.engine_choice`): a planner that `flowlearn train` wrote trains on against
+    the engine it was trained against.
     """
     env = FlowSpec.from_env()
     spec = FlowSpec(
-        planner=config.planner or "default",
+        planner=(config.planner or "default") if planner is None else planner,
         engine=None if config.engine == "base" else config.engine,
         engine_max_new_tokens=config.engine_max_new_tokens,
         corpus=config.corpus,
+        web=config.web,
+        wikipedia_endpoint=config.wikipedia_endpoint,
+        python_isolation=config.python_isolation,
         prompts=config.prompts,
         cache_dir=env.cache_dir,
         benchmarks_dir=env.benchmarks_dir,
@@ -63,8 +77,7 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     spec = training_spec(config)
-    check_names(spec, tools=config.tools, benchmark=config.benchmark, data=config.data)
-    check_trainable_nodes(config.train_nodes)
+    check_training_names(config, spec)
     try:
         require_vllm(config)  # use_vllm: vLLM is there, before any model loads
         data = None
@@ -96,10 +109,70 @@ def build_training_parts(config: FlowGRPOConfig) -> TrainingParts:
     parts.base_name = spec.planner
     if data is None:
         return parts
-    parts.engine = training_engine(config, spec, handle, device, parts.prompts)
-    parts.tools = build_tools(spec, parts.engine, parts.prompts)
+    flow = flow_parts(config, spec, handle, device, prompts=parts.prompts)
+    parts.engine, parts.tools = flow.engine, flow.tools
     parts.cases, parts.scorer = data
     return parts
+
+
+def check_training_names(
+    config: FlowGRPOConfig, spec: FlowSpec, *, planner_loaded: bool = False
+) -> None:
+    """Check every name of a training job before any model loads, as `flowlearn run` does.
+
+    The tools, models, corpus, benchmark and data file (`check_names`), and the trained nodes.
+    `planner_loaded`: TRL's shape was given a model object, whose name is not checked.
+
+    Raises:
+        UsageError: the first bad name, with the choices or the fix.
+
+    """
+    check_names(
+        spec,
+        tools=config.tools,
+        benchmark=config.benchmark,
+        data=config.data,
+        planner_loaded=planner_loaded,
+    )
+    check_trainable_nodes(config.train_nodes)
+
+
+@dataclass
+class FlowParts:
+    """The rollouts' fixed engine, tools and prompt set, as the composition root builds them."""
+
+    engine: BaseChatModel
+    tools: list[BaseTool]
+    prompts: Prompts
+    engine_name: str | None
+    """The local model the engine is, recorded in a saved final/ (None: served, or given)."""
+
+
+def flow_parts(
+    config: FlowGRPOConfig,
+    spec: FlowSpec,
+    handle: ModelHandle,
+    device: str | None,
+    *,
+    engine: BaseChatModel | None = None,
+    tools: Sequence[BaseTool] | None = None,
+    prompts: Prompts | None = None,
+) -> FlowParts:
+    """Return the rollouts' engine, tools and prompt set: each one given, else the spec's.
+
+    The prompt set is `spec.prompt_set()`, the engine `training_engine`'s and the tools
+    `build_tools`' (web tools and the python tool's sandbox as the config names them): what
+    `flowlearn run` builds from the same names.
+
+    Raises:
+        UsageError: as `training_engine`.
+
+    """
+    prompts = prompts or spec.prompt_set()
+    name = engine_source(config, spec) if engine is None else None
+    engine = engine or training_engine(config, spec, handle, device, prompts)
+    bound = list(tools) if tools is not None else build_tools(spec, engine, prompts)
+    return FlowParts(engine, bound, prompts, name)
 
 
 def check_trainable_nodes(nodes: list[str]) -> None:
@@ -125,7 +198,9 @@ def engine_source(config: FlowGRPOConfig, spec: FlowSpec) -> str | None:
     """
     if config.engine_url is not None:
         return None
-    return spec.planner if config.engine == "base" else spec.engine or untrained_twin(spec.planner)
+    if config.engine == "base":
+        return spec.planner or None
+    return spec.engine or untrained_twin(spec.planner)
 
 
 def training_engine(

@@ -53,7 +53,8 @@ class Context:
         default=_PLANNER.temperature,
         metadata={
             "description": "Sampling temperature of the planner policy (0 = greedy, as "
-            "AgentFlow infers; `flowlearn collect` samples at 0.7)."
+            "AgentFlow infers; rollouts to train on sample, as `flowlearn collect` and "
+            "`flowlearn train` do by default)."
         },
     )
     planner_top_p: float = field(
@@ -246,3 +247,14 @@ def _positive(value: object, most: float = math.inf) -> bool:
 def _whole(value: object) -> bool:
     """Whether `value` is an int (a bool is not one)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+TRAINING_CONTEXT = Context(max_turns=3, planner_temperature=0.7, planner_max_new_tokens=512)
+"""The run context of rollouts sampled to train on, where nothing else is said: declared once.
+
+The paper trains with 3 planner turns; the rollouts sample (AgentFlow's 0.7) where a run is
+greedy, since a group of equal rollouts teaches nothing; a planner turn may take 512 tokens.
+`FlowGRPOConfig` (`max_turns`, TRL's `temperature` and `max_completion_length`), its
+`context()` and `flowlearn collect`'s flags take their defaults from here; every other setting
+is `Context`'s own default.
+"""
