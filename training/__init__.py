@@ -3,10 +3,10 @@
 One module per hop of the data flow, each importing only those before it:
 `trajectories` (records, the JSONL store, export) -> `rollouts` (collected through the flow,
 rewarded; the trainer's sources) -> `rows` (Flow-GRPO rows: provenance checks, advantages,
-weights) -> `batches` (padded tensors, pieces, chunks) -> `model` (the trained model under TRL,
-its no-grad forwards) -> `vllm` (generation on vLLM, importance correction) -> `config` ->
-`trainer` (`FlowGRPOTrainer`, its metrics) -> `run` (a training job, its run record and
-checkpoints).
+weights) -> `batches` (padded tensors) and `loop` (TRL's pieces, the loss in chunks) -> `model`
+(the trained model under TRL, its no-grad forwards) -> `vllm` (generation on vLLM, importance
+correction) -> `config` -> `producer` (asynchronous rollouts) -> `trainer` (`FlowGRPOTrainer`,
+its metrics) -> `run` (a training job, its run record and checkpoints).
 
 Importing this package stays light (no torch or trl); the trainer loads them itself.
 """

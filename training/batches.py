@@ -25,32 +25,22 @@ Why it looks like this:
 3. `verl_like` follows verl v0.5.0 (which the official code pins), `dp_actor.update_policy`:
    a chunk is one of its micro-batches, whose loss is the token mean over the chunk's own
    tokens divided by the micro-batches of an update; that is one normaliser per chunk.
-4. TRL's `_prepare_inputs` shuffles the generation batch and cuts it into
-   `steps_per_generation` pieces; `next_piece` does the same without the shuffle, because the
-   layout (`step_tensors`) already shuffled the rows and placed its padding.
-5. `chunked_loss` runs a piece through TRL's loss in chunks of per_device_train_batch_size
-   rows, so a pass's memory does not grow with the turns of a step: every chunk but the last
-   is backpropagated at once, outside DDP's gradient sync (`no_sync`), and the last chunk's
-   loss goes back to `training_step`, whose backward syncs when the micro-step ends an
-   accumulation window. Each chunk carries its own `num_items_in_batch` (`flow_items`), the
-   same for all chunks except in `verl_like` mode.
-6. An optimizer step without a trainable token on any process is skipped by every process
-   (the layout's `flow_live`): a loss that reaches no parameter, so AdamW changes nothing.
+4. An optimizer step without a trainable token on any process is marked for every process
+   (the layout's `flow_live` 0), and the trainer skips it (`loop.chunked_loss`): a loss that
+   reaches no parameter, so AdamW changes nothing.
+5. This module takes rows and returns tensors. Which piece a micro-step trains and the loss in
+   chunks read and write TRL's trainer state, so they are the trainer's code (`loop`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
-from trl.trainer.utils import split_tensor_dict
 
-from flowlearn.engine.adapters import switch_adapter
 from flowlearn.training.rows import FlowGRPORow, weight_count
 
 VERL_DUAL_CLIP = 3.0
@@ -60,8 +50,6 @@ whenever 1 + epsilon_high < 3 (a positive advantage's ratio is clipped lower alr
 
 Gather = Callable[[torch.Tensor], torch.Tensor]
 """All processes' copies of a 1-d tensor, concatenated (`Accelerator.gather`)."""
-
-PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 
 
 def resolve_batching(
@@ -301,114 +289,3 @@ def rows_to_tensors(
         "advantages": advantages.to(device),
         "old_per_token_logps": old_logps.to(device),
     }
-
-
-def next_piece(trainer: Any, generation_batch: Any) -> dict[str, Any]:
-    """Return the current micro-step's piece, generating a new batch every generate_every."""
-    if not trainer.model.training:
-        batch: dict[str, Any] = trainer._generate_and_score_completions(generation_batch)
-        return batch
-    if trainer.mode == "verl_like" and trainer.args.delta is None:
-        raise ValueError(
-            "mode 'verl_like' clips as verl does (dual clip, clip_ratio_c 3): set delta=3.0, "
-            "TRL's name for it (FlowGRPOConfig sets it for mode verl_like)"
-        )
-    pieces = int(trainer.args.steps_per_generation)
-    generate_every = pieces * trainer.num_iterations
-    if trainer._step % generate_every == 0 or trainer._buffered_inputs is None:
-        output = trainer._generate_and_score_completions(generation_batch)
-        trainer._buffered_inputs = split_tensor_dict(output, pieces)
-    piece: dict[str, Any] = trainer._buffered_inputs[trainer._step % pieces]
-    return piece
-
-
-def chunk(inputs: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
-    """Return rows start:stop, without the padding columns none of them uses."""
-    return pick(inputs, slice(start, stop))
-
-
-def pick(inputs: dict[str, Any], rows: slice | torch.Tensor) -> dict[str, Any]:
-    """Return the rows `rows` selects, without the padding columns none of them uses."""
-    prompt = inputs["prompt_mask"][rows].sum(0).nonzero()
-    completion = inputs["completion_mask"][rows].sum(0).nonzero()
-    first = int(prompt[0]) if len(prompt) else 0
-    last = int(completion[-1]) + 1 if len(completion) else 1
-    out: dict[str, Any] = {}
-    for key, value in inputs.items():
-        if isinstance(value, torch.Tensor) and value.ndim > 0:
-            value = value[rows]
-            if value.ndim == 2:
-                value = value[:, first:] if key in PROMPT_KEYS else value[:, :last]
-        out[key] = value
-    if "flow_items" in inputs:
-        out["num_items_in_batch"] = out["flow_items"][0]
-    return out
-
-
-def chunked_loss(
-    trainer: Any,
-    model: Any,
-    inputs: dict[str, Any],
-    loss_of: Callable[[dict[str, Any]], torch.Tensor],
-) -> torch.Tensor:
-    """Return the piece's loss, backpropagating all chunks but the last (see the module doc)."""
-    if "flow_live" in inputs and not bool(inputs["flow_live"].any()):
-        trainer._metrics["train"]["flow/skipped_update"].append(1.0)
-        return torch.zeros((), device=trainer.accelerator.device, requires_grad=True)
-    trainer._metrics["train"]["flow/skipped_update"].append(0.0)
-    size = int(trainer.args.per_device_train_batch_size)
-    starts = range(0, int(inputs["completion_ids"].size(0)), size)
-    parts: list[tuple[dict[str, Any], Callable[[dict[str, Any]], torch.Tensor]]] = []
-    for start in starts:
-        piece = chunk(inputs, start, start + size)
-        parts += node_parts(trainer, piece, loss_of) if "flow_node" in piece else [(piece, loss_of)]
-    learning = model.training and torch.is_grad_enabled()
-    done = torch.zeros((), device=trainer.accelerator.device)
-    for piece, loss_fn in parts[:-1]:
-        sync = trainer.accelerator.no_sync(model) if learning else contextlib.nullcontext()
-        with sync:
-            loss = loss_fn(piece)
-            if learning:
-                trainer.accelerator.backward(loss)
-        done = done + loss.detach()
-    piece, loss_fn = parts[-1]
-    return loss_fn(piece) + done
-
-
-def node_parts(
-    trainer: Any, piece: dict[str, Any], loss_of: Callable[[dict[str, Any]], torch.Tensor]
-) -> list[tuple[dict[str, Any], Callable[[dict[str, Any]], torch.Tensor]]]:
-    """Split a chunk by its rows' nodes; each part's loss runs under its node's adapter.
-
-    The adapter is switched, not scoped: the last part's backward runs after `compute_loss`
-    returns (in TRL's `training_step`), and a recomputed forward (gradient checkpointing)
-    must see the adapter its forward saw. Padding rows go with the first part. Each part's
-    TRL metrics are also logged under its node (`flow/<node>/<metric>`).
-    """
-    nodes = trainer.roles.nodes
-    index = piece["flow_node"]
-    parts: list[tuple[dict[str, Any], Callable[[dict[str, Any]], torch.Tensor]]] = []
-    present = [n for n in sorted({int(i) for i in index.tolist()}) if n >= 0] or [0]
-    for k, n in enumerate(present):
-        rows = (index == n) | ((index < 0) if k == 0 else torch.zeros_like(index, dtype=torch.bool))
-        parts.append(
-            (pick(piece, rows.nonzero().squeeze(1)), partial(_under, trainer, nodes[n], loss_of))
-        )
-    return parts
-
-
-def _under(
-    trainer: Any,
-    node: str,
-    loss_of: Callable[[dict[str, Any]], torch.Tensor],
-    piece: dict[str, Any],
-) -> torch.Tensor:
-    """Return `loss_of(piece)` with `node`'s adapter active, its TRL metrics also as the node's."""
-    switch_adapter(trainer.accelerator.unwrap_model(trainer.model), node)
-    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
-    before = {key: len(values) for key, values in metrics.items()}
-    loss = loss_of(piece)
-    for key in [k for k in metrics if not k.startswith("flow/")]:
-        for value in metrics[key][before.get(key, 0) :]:
-            metrics[f"flow/{node}/{key}"].append(value)
-    return loss

@@ -138,7 +138,7 @@ def _spread(group_rewards: dict[str, float]) -> float:
 
 NODE_STATS = ("mean_reward", "rows", "tokens", "mean_turns", "zero_variance_share")
 """Each trained node's own `flow/<node>/*` statistics, beside its format errors and TRL's
-loss metrics of its micro-batches (`kl`, `entropy`, `clip_ratio/*`: `batches.node_parts`)."""
+loss metrics of its micro-batches (`kl`, `entropy`, `clip_ratio/*`: `loop.node_parts`)."""
 
 
 def flow_metrics(
