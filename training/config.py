@@ -5,7 +5,10 @@ Why it looks like this:
    and from `flowlearn train`; the flow adds only what TRL has no knob for.
 2. Where the flow and TRL share a knob it is declared once, by TRL: `num_generations` is G,
    `temperature`, `top_p` and `max_completion_length` are the planner's sampling (`context()`
-   builds the run context from them), `scale_rewards` is the advantage scaling.
+   builds the run context from them), `scale_rewards` is the advantage scaling. Their
+   defaults, and those of the run context's other fields here (`max_turns`, `tools`,
+   `query_analysis`), are `TRAINING_CONTEXT`'s, the one declaration `flowlearn collect` reads
+   too; the names of models, tools and sandbox are the composition root's `FlowSpec` fields.
 3. A TRL option the flow cannot honour yet is an error that names it, never a silent no-op.
 4. Every value is checked by its field's annotation (`check_values`): type, choice and range,
    key named. Not in argparse: YAML values reach the config as argparse defaults, which
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -28,7 +31,8 @@ from trl.scripts.utils import TrlParser
 from trl.trainer.grpo_config import GRPOConfig
 
 from flowlearn.config_keys import unknown_keys_message
-from flowlearn.nodes.schema.context import Context
+from flowlearn.nodes.schema.context import TRAINING_CONTEXT, Context
+from flowlearn.nodes.tools.python_sandbox import Isolation
 from flowlearn.training.batches import VERL_DUAL_CLIP, check_trainer_batching, resolve_batching
 from flowlearn.training.config_checks import UNSUPPORTED, check_values, check_yaml_file
 from flowlearn.training.roles import (
@@ -43,6 +47,18 @@ from flowlearn.training.vllm.settings import check_server_options, check_vllm_co
 
 def _help(text: str, default: Any, **extra: Any) -> Any:
     return field(default=default, metadata={"help": text, **extra})
+
+
+_CONTEXT_FIELDS = {f.name: f for f in fields(Context)}
+
+
+def _described(name: str) -> str:
+    """Return the description of `Context.<name>`, the help of the config field that is it.
+
+    Such a field's default is `TRAINING_CONTEXT`'s (the context of rollouts to train on), so
+    the config, the run context it builds and `flowlearn collect` cannot drift apart.
+    """
+    return str(_CONTEXT_FIELDS[name].metadata["description"])
 
 
 FLAG = {"nargs": "?", "const": True}
@@ -70,7 +86,7 @@ class FlowGRPOConfig(GRPOConfig):
     )
     # The flow
     questions_per_step: int = _help("Q, questions per update (paper: 32 on 8 GPUs).", 4)
-    max_turns: int = _help("Planner turns per rollout (paper: 3 in training).", 3)
+    max_turns: int = _help(_described("max_turns"), TRAINING_CONTEXT.max_turns)
     rollout_concurrency: int | None = _help(
         "Rollouts in flight at once per process; their planner and engine calls decode "
         "together in batches of up to as many. Default: the step's rollouts, "
@@ -78,10 +94,25 @@ class FlowGRPOConfig(GRPOConfig):
         "KV cache's memory.",
         None,
     )
-    tools: list[str] | None = field(
-        default=None, metadata={"help": "Tool names to enable; default: all default tools."}
-    )
+    tools: list[str] | None = field(default=None, metadata={"help": _described("tools")})
     corpus: str | None = _help("JSONL corpus for local_search.", None)
+    web: bool = _help(
+        "Bind wikipedia_search and web_search too (web_search needs $TAVILY_API_KEY), as "
+        "`flowlearn run --web` does.",
+        False,
+        **FLAG,
+    )
+    wikipedia_endpoint: str | None = _help(
+        "The MediaWiki API URL wikipedia_search calls; default: English Wikipedia.", None
+    )
+    python_isolation: Isolation = field(
+        default="bwrap",
+        metadata={
+            "help": "How the python tool runs model-written code: 'bwrap' (the Linux sandbox, "
+            "refused where the host cannot build it) or 'none' (unisolated, with your user's "
+            "rights: an explicit opt-in)."
+        },
+    )
     # Trained roles (flowlearn.training.roles)
     train_nodes: list[str] = field(
         default_factory=lambda: ["planner"],
@@ -107,7 +138,7 @@ class FlowGRPOConfig(GRPOConfig):
         "node",
     )
     query_analysis: bool | None = _help(
-        "See Context.query_analysis; default: the prompt set's choice.", None, **FLAG
+        _described("query_analysis"), TRAINING_CONTEXT.query_analysis, **FLAG
     )
     prompts: str | None = _help(
         "Prompt set: agentflow or smollm2; default: smollm2 when the planner or engine is the "
@@ -140,6 +171,23 @@ class FlowGRPOConfig(GRPOConfig):
         "does) instead of the logged ones; logs flow/old_logprob_gap.",
         False,
     )
+    # Asynchronous rollouts (flowlearn.training.producer)
+    max_staleness: int = _help(
+        "Roll out the next steps while the trainer updates, sampling with weights at most this "
+        "many updates old (1: one-step off-policy); 0: the synchronous loop. Stale rows are "
+        "importance-corrected (stale_importance_cap).",
+        0,
+    )
+    stale_importance_cap: float = _help(
+        "Under max_staleness: each stale token's weight, pi_now / pi_sampler, is truncated at "
+        "this cap (verl's tis_imp_ratio_cap).",
+        2.0,
+    )
+    producer_stall_s: float = _help(
+        "Under max_staleness: seconds the trainer waits for a step's rollouts before it stops "
+        "the run, reporting the producer stalled.",
+        600.0,
+    )
     # The planner on a vLLM server (flowlearn.training.vllm.lora_server)
     planner_url: str | None = _help(
         "Sample the planner on a vLLM server at this base URL (http://HOST:PORT/v1) with "
@@ -162,8 +210,13 @@ class FlowGRPOConfig(GRPOConfig):
     # TRL's fields with the flow's defaults and meaning
     disable_dropout: bool = _help("No dropout in training: rollouts sample without it.", True)
     num_generations: int | None = _help("G, rollouts per question (paper: 8).", 8)
-    temperature: float = _help("Planner sampling temperature, of rollouts and of TRL.", 0.7)
-    max_completion_length: int | None = _help("Planner tokens per turn (paper: 2048).", 512)
+    temperature: float = _help(
+        "Planner sampling temperature, of rollouts and of TRL.",
+        TRAINING_CONTEXT.planner_temperature,
+    )
+    max_completion_length: int | None = _help(
+        "Planner tokens per turn (paper: 2048).", TRAINING_CONTEXT.planner_max_new_tokens
+    )
     per_device_train_batch_size: int | None = _help(  # type: ignore[assignment]
         "Rollouts per micro-step and process, and the most rows (one per planner turn) a "
         "forward and backward pass takes. per_device_train_batch_size x steps_per_generation "
@@ -307,19 +360,25 @@ class FlowGRPOConfig(GRPOConfig):
 
 
 def context_from(
-    args: GRPOConfig, *, max_turns: int = 3, tools: Sequence[str] | None = None
+    args: GRPOConfig,
+    *,
+    max_turns: int = TRAINING_CONTEXT.max_turns,
+    tools: Sequence[str] | None = None,
 ) -> Context:
     """Return a run context whose planner samples with TRL's `temperature`, `top_p` and length.
 
-    TRL's `seed` seeds the rollouts too: every sampled planner call draws from a seed derived
-    from it, the step, the rollout, the question and the turn (`Rollouts.run`), so a run
-    repeats with its seed and a resumed step draws as it first did.
+    Every other setting is `TRAINING_CONTEXT`'s (a TRL length of None: its budget). TRL's
+    `seed` seeds the rollouts too: every sampled planner call draws from a seed derived from
+    it, the step, the rollout, the question and the turn (`Rollouts.run`), so a run repeats
+    with its seed and a resumed step draws as it first did.
     """
-    return Context(
+    return replace(
+        TRAINING_CONTEXT,
         max_turns=max_turns,
         planner_temperature=args.temperature,
         planner_top_p=args.top_p,
-        planner_max_new_tokens=args.max_completion_length or 512,
+        planner_max_new_tokens=args.max_completion_length
+        or TRAINING_CONTEXT.planner_max_new_tokens,
         tools=tuple(tools) if tools else None,
         query_analysis=getattr(args, "query_analysis", None),
         seed=args.seed,
@@ -350,6 +409,15 @@ def flow_defaults(
 
 def check_settings(args: GRPOConfig, context: Context, questions: int, *, offline: bool) -> None:
     """Refuse TRL settings the trainer cannot honour, and data smaller than one step."""
+    staleness = getattr(args, "max_staleness", 0)
+    if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
+        raise ValueError(f"max_staleness must be a whole number >= 0, got {staleness!r}")
+    cap = getattr(args, "stale_importance_cap", 2.0)
+    if not cap > 0:
+        raise ValueError(f"stale_importance_cap must be > 0, got {cap!r}")
+    stall = getattr(args, "producer_stall_s", 600.0)
+    if not stall > 0:
+        raise ValueError(f"producer_stall_s must be > 0 seconds, got {stall!r}")
     if args.temperature != context.planner_temperature:
         raise ValueError(
             f"TRL temperature {args.temperature} differs from the planner temperature "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from flowlearn.engine.adapters import adapter_names, check_node_name
+from flowlearn.engine.adapters import NodePolicies, NodeSampling, adapter_names, check_node_name
 from flowlearn.engine.sampling import MAX_NEW_TOKENS
 from flowlearn.errors import brief
 from flowlearn.training.rows import FlowGRPOBatch, Mode, build_flow_grpo_rows
@@ -326,3 +326,12 @@ def load_node_checkpoint(model: Any, folder: Path, nodes: Sequence[str]) -> None
                 f"checkpoint {folder}/{node} does not fit the {node} adapter: unexpected "
                 f"weights {unexpected[:3]}"
             )
+
+
+def own_sampling(nodes: NodePolicies, roles: TrainedRoles) -> NodePolicies:
+    """Give each trained node its own top-p and token budget (`NodeSampling`)."""
+    tuned = {
+        n: NodeSampling(p, roles.own(n).top_p, roles.own(n).max_new_tokens)
+        for n, p in nodes.items()
+    }
+    return NodePolicies(tuned, nodes.base)

@@ -38,7 +38,6 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from flowlearn.engine.adapters import (
     NodePolicies,
-    NodeSampling,
     node_policies,
     write_adapters_record,
 )
@@ -51,9 +50,10 @@ from flowlearn.evals.cases import Case
 from flowlearn.files import write_text_atomically
 from flowlearn.nodes.prompts import AGENTFLOW_PROMPTS, Prompts, write_prompts_record
 from flowlearn.nodes.schema.context import Context
-from flowlearn.training.batches import Batching, chunked_loss, next_piece, step_tensors
+from flowlearn.training.batches import Batching, step_tensors
 from flowlearn.training.config import check_settings, context_from, flow_defaults
 from flowlearn.training.from_trl import resolve_source
+from flowlearn.training.loop import chunked_loss, next_piece
 from flowlearn.training.metrics import (
     FlowMetricsCallback,
     console_log_callbacks,
@@ -72,11 +72,13 @@ from flowlearn.training.model import (
     upcast_trainable,
     warn_on_dropout,
 )
+from flowlearn.training.producer import AsyncRollouts
 from flowlearn.training.rewards import RewardFunc
 from flowlearn.training.roles import (
     TrainedRoles,
     load_node_checkpoint,
     node_learning_rates,
+    own_sampling,
     role_rows,
 )
 from flowlearn.training.rollouts import (
@@ -172,8 +174,7 @@ class FlowGRPOTrainer(GRPOTrainer):
             prompts: TRL's shape: the prompt set; default from `args` and the model.
             graph_factory: TRL's shape: any graph, from the live policy (see `online`).
             context: the run context; default `args.context()` (`flow_defaults`).
-            nodes: which nodes' transitions become rows; None: every transition that carries
-                token ids, i.e. every call of the policy being trained.
+            nodes: which nodes' transitions become rows; None: every call of the trained policy.
             mode: the Flow-GRPO weighting mode; default `args.mode`, else "paper".
             drop_zero_variance: drop groups whose rewards are all equal; default from args.
             step_credit: optional GiGPO-style step credit; default from args.
@@ -230,7 +231,8 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.group_size = int(args.num_generations or 1)
         self.flow_args: GRPOConfig = args
         self.rollout_ended: float | None = None
-        self.group_rewards: dict[str, float] = {}
+        self.group_rewards: dict[str, float] = {}  # per question, this step's
+        self.rollouts_ahead = AsyncRollouts.attach(self)  # under max_staleness > 0, else None
         self.add_callback(FlowMetricsCallback(self))
         console_log_callbacks(self, verbose=getattr(args, "verbose", False))  # a line a step
 
@@ -341,8 +343,11 @@ class FlowGRPOTrainer(GRPOTrainer):
         started = time.perf_counter()
         warn_if_not_learning(self.optimizer, self.state.global_step + 1)  # rollouts cost
         cases = sampled_cases(inputs)  # TRL repeats each prompt G times; we roll out G times
+        live: Any = self.model
         if isinstance(self.source, Replay):
             trajectories = self.source.run(cases)
+        elif self.rollouts_ahead is not None and live.training:  # made while we trained
+            trajectories = self.rollouts_ahead.take(cases)
         else:
             trajectories = self.rollout(cases)
         options: dict[str, Any] = dict(
@@ -362,6 +367,8 @@ class FlowGRPOTrainer(GRPOTrainer):
             batch = build_flow_grpo_rows(trajectories, self.mode, nodes=self.nodes, **options)
         if self.server is not None:  # rows an older adapter sampled: importance-corrected
             self.server.correct(self, batch.rows)
+        elif self.rollouts_ahead is not None:  # rows of older weights: importance-corrected
+            self.rollouts_ahead.correct(batch.rows)
         if not batch.rows:
             warn_no_rows(self.state.global_step, len(trajectories))
         tokenizer: Any = self.processing_class
@@ -376,7 +383,6 @@ class FlowGRPOTrainer(GRPOTrainer):
         )
         if (reference := self._reference_logps(output)) is not None:
             output["ref_per_token_logps"] = reference
-        live: Any = self.model
         metrics = self._metrics["train" if live.training else "eval"]
         values, self.group_rewards = flow_metrics(
             trajectories, batch.stats, time.perf_counter() - started, node_stats
@@ -386,11 +392,27 @@ class FlowGRPOTrainer(GRPOTrainer):
         self.rollout_ended = time.perf_counter()
         return output
 
+    def get_batch_samples(
+        self, epoch_iterator: Any, num_batches: int, device: Any
+    ) -> tuple[list[Any], Any]:
+        """TRL's; under `max_staleness` the next steps' questions go to the producer early."""
+        if self.rollouts_ahead is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        return self.rollouts_ahead.batch_samples(epoch_iterator, num_batches, device)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's `train`; asynchronous rollouts stop with it, in flight ones dropped."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            if self.rollouts_ahead is not None:
+                self.rollouts_ahead.stop()
+
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         return next_piece(self, generation_batch)  # TRL's, minus its shuffle: the layout's order
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        """TRL's loss in chunks of rows (`batches.chunked_loss`); an empty update is skipped."""
+        """TRL's loss in chunks of rows (`loop.chunked_loss`); an empty update is skipped."""
         return chunked_loss(self, model, inputs, partial(super().compute_loss, model))
 
     def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
@@ -504,15 +526,6 @@ def live_policy(trainer: Any, model: Any) -> Policy:
         return policy
     nodes = node_policies(policy, roles.nodes)  # an adapter each, the base beside them
     return own_sampling(nodes, roles)  # type: ignore[return-value]
-
-
-def own_sampling(nodes: NodePolicies, roles: TrainedRoles) -> NodePolicies:
-    """Give each trained node its own top-p and token budget (`NodeSampling`)."""
-    tuned = {
-        n: NodeSampling(p, roles.own(n).top_p, roles.own(n).max_new_tokens)
-        for n, p in nodes.items()
-    }
-    return NodePolicies(tuned, nodes.base)
 
 
 def stop_if_not_finite(name: str, value: Any, step: int) -> None:

@@ -98,7 +98,12 @@ def now(row: FlowGRPORow, current: Current) -> str | None:
     return current if isinstance(current, str) else current.get(row.node)
 
 
-def correct_stale_rows(trainer: Any, rows: Sequence[FlowGRPORow], current: Current) -> int:
+def correct_stale_rows(
+    trainer: Any,
+    rows: Sequence[FlowGRPORow],
+    current: Current,
+    settings: tuple[str, float | None, float | None] | None = None,
+) -> int:
     """Reweigh the stale rows in place (old logprobs, token scales); return and log their count.
 
     Args:
@@ -107,6 +112,9 @@ def correct_stale_rows(trainer: Any, rows: Sequence[FlowGRPORow], current: Curre
         rows: this process's rows of the step.
         current: the version of the weights being trained; with several trained nodes, each
             node's (its adapter's name), and each node's rows are scored under its adapter.
+        settings: `(mode, clip_min, clip_max)` of `importance_weights`; None: TRL's
+            `vllm_importance_sampling_*` of `trainer.args` (asynchronous rollouts pass their
+            own truncation cap, `producer.AsyncRollouts.correct`).
 
     """
     stale = stale_rows(rows, current)
@@ -121,13 +129,18 @@ def correct_stale_rows(trainer: Any, rows: Sequence[FlowGRPORow], current: Curre
     for node in dict.fromkeys(nodes):  # one adapter: every stale row at once; else by node
         group = [r for r in stale if node is None or r.node == node]
         with contextlib.nullcontext() if node is None else active_adapter(model, node):
-            weights += reweigh(trainer, model, group)
+            weights += reweigh(trainer, model, group, settings)
     if weights:
         metrics["flow/stale_is_ratio"].append(sum(weights) / len(weights))
     return len(stale)
 
 
-def reweigh(trainer: Any, model: Any, stale: Sequence[FlowGRPORow]) -> list[float]:
+def reweigh(
+    trainer: Any,
+    model: Any,
+    stale: Sequence[FlowGRPORow],
+    settings: tuple[str, float | None, float | None] | None = None,
+) -> list[float]:
     """Score `stale` under `model` as it is now; set their old logprobs and token scales.
 
     Returns every completion token's importance weight.
@@ -137,16 +150,15 @@ def reweigh(trainer: Any, model: Any, stale: Sequence[FlowGRPORow]) -> list[floa
         stale, trainer.processing_class.pad_token_id, trainer.accelerator.device, [1.0] * len(stale)
     )
     logps = forward_logps(trainer, model, tensors).float().cpu()
+    mode, low, high = settings or (
+        getattr(args, "vllm_importance_sampling_mode", "sequence_mask"),
+        getattr(args, "vllm_importance_sampling_clip_min", None),
+        getattr(args, "vllm_importance_sampling_clip_max", 3.0),
+    )
     weights: list[float] = []
     for i, row in enumerate(stale):
         ours = logps[i, : len(row.completion_ids)]
-        scale = importance_weights(
-            ours,
-            torch.tensor(row.old_logprobs),
-            getattr(args, "vllm_importance_sampling_mode", "sequence_mask"),
-            getattr(args, "vllm_importance_sampling_clip_min", None),
-            getattr(args, "vllm_importance_sampling_clip_max", 3.0),
-        )
+        scale = importance_weights(ours, torch.tensor(row.old_logprobs), mode, low, high)
         row.old_logprobs = ours.tolist()  # a new list: the transition's stays as sampled
         row.token_scales = scale.tolist()
         weights += row.token_scales
