@@ -308,7 +308,7 @@ def check_async(trainer: Any) -> None:
         )
     if int(getattr(trainer, "num_iterations", 1)) != 1:
         problems.append(f"num_iterations {trainer.num_iterations}: one pass per generation")
-    if trainer.model_handle is not None:
+    if engine_on_trained_model(trainer):
         problems.append("an engine that runs on the trained model itself (engine: base)")
     if problems:
         raise ValueError(
@@ -316,6 +316,18 @@ def check_async(trainer: Any) -> None:
             + "; ".join(problems)
             + ". Set max_staleness 0 (synchronous) or change those settings"
         )
+
+
+def engine_on_trained_model(trainer: Any) -> bool:
+    """Whether the fixed engine decodes on the trained model (its frozen base under LoRA).
+
+    Its calls would run on the weights the trainer is updating, adapters toggled under it. A
+    `FlowGRPOConfig` says so with `engine: base` (TRL's shape, `flowlearn train`); under any
+    other config, `online` was given a `handle` the caller shares with other policies.
+    """
+    if hasattr(trainer.args, "engine"):  # a FlowGRPOConfig names it
+        return bool(trainer.args.engine == "base")
+    return trainer.model_handle is not None
 
 
 class AsyncRollouts(TrainerCallback):

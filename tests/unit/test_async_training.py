@@ -283,3 +283,80 @@ def test_the_yaml_sets_the_staleness_and_bad_values_are_refused(tmp_path: Path) 
         setattr(bad, key, value)
         with pytest.raises(ValueError, match=message):
             check_settings(bad, context_from(bad), 100, offline=False)
+
+
+@pytest.mark.slow
+def test_a_trained_verifier_adapter_trains_one_step_off_policy(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from test_trained_roles import adapter_weights, with_adapters
+    from transformers import AutoTokenizer
+
+    from flowlearn.engine.scripted import ScriptedPolicy, planner_turn
+    from flowlearn.graphs import build_agentflow
+
+    def factory(policies: Any) -> Any:  # the verifier trains on its adapter; a scripted planner
+        planner = ScriptedPolicy([planner_turn("lookup")])
+        return build_agentflow(planner, engine(), [lookup], verifier_policy=policies["verifier"])
+
+    model = with_adapters(tiny_model_dir, ("planner", "verifier"))
+    start = adapter_weights(model, "verifier")
+    args = config(tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=2)
+    args.max_staleness = 1  # type: ignore[attr-defined]
+    store = TrajectoryStore(tmp_path / "rollouts.jsonl")
+    trainer = FlowGRPOTrainer.online(
+        model,
+        args=args,
+        graph_factory=factory,
+        scorer=scorer,
+        cases=CASES,
+        context=CONTEXT,
+        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+        rollout_store=store,
+        nodes=["verifier"],
+    )
+    trainer.train()
+    after = adapter_weights(model, "verifier")
+    assert any(not torch.equal(start[k], after[k]) for k in after)
+    for rollout in store.load():
+        step = int(rollout.trajectory_id.split(":", 1)[0].removeprefix("step"))
+        calls = [t for t in rollout.transitions if t["node"] == "verifier"]
+        assert calls and all(t.get("completion_ids") for t in calls)
+        assert {t["policy_version"].rsplit(":", 1)[1] for t in calls} == {"verifier"}
+        versions = {version_of(t["policy_version"]) for t in calls}
+        assert all(v is not None and step - 1 <= v <= step for v in versions), versions
+    records = read_metrics(Path(trainer.args.output_dir) / "metrics.jsonl")
+    assert records[1]["flow/staleness"] == 1 and records[1]["flow/stale_rows"] > 0
+
+
+@pytest.mark.slow
+def test_flowlearn_train_runs_off_policy_and_resumes_without_training_a_step_twice(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import json
+
+    from flowlearn.cli import main
+
+    out = tmp_path / "train"
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text(
+        f"planner: {tiny_model_dir}\nbenchmark: gameof24\nlimit: 8\nnum_generations: 2\n"
+        f"questions_per_step: 1\nmax_turns: 1\nmax_completion_length: 8\n"
+        f"engine_max_new_tokens: 8\nlearning_rate: 0.001\nsave_steps: 1\nmax_steps: 2\n"
+        f"max_staleness: 1\noutput_dir: {out}\nbf16: false\n"
+    )
+    assert main(["train", "--config", str(config_file)]) == 0
+    assert main(["train", "--config", str(config_file), "--max-steps", "4", "--resume"]) == 0
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").open()]
+    steps = [r["trajectory_id"].split(":", 1)[0] for r in rollouts]
+    assert sorted(set(steps)) == ["step0", "step1", "step2", "step3"]
+    assert len(steps) == 4 * 2  # each step's 2 rollouts stored once: none made twice
+    for rollout in rollouts:
+        step = int(rollout["trajectory_id"].split(":", 1)[0].removeprefix("step"))
+        planner = [t for t in rollout["transitions"] if t["node"] == "planner"]
+        assert all(step - 1 <= version_of(t["policy_version"]) <= step for t in planner)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["flow/row_staleness_max"] <= 1 for r in records)
