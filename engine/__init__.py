@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from flowlearn.errors import ModelNotFoundError, ServerError
 
 if TYPE_CHECKING:
+    from flowlearn.engine.adapters import PolicyRef, by_node
     from flowlearn.engine.batching import BatchingPolicy
     from flowlearn.engine.chat import ChatModelPolicy, HFChatModel, ServerChatModel
     from flowlearn.engine.loading import (
@@ -26,13 +27,20 @@ if TYPE_CHECKING:
         untrained_twin,
     )
     from flowlearn.engine.local import FrozenBasePolicy, HFPolicy, LocalPolicy
-    from flowlearn.engine.protocol import ChoosingModel, Policy, PrefillPolicy
+    from flowlearn.engine.protocol import (
+        ChoosingModel,
+        NodeBinding,
+        Policy,
+        PrefillPolicy,
+        ServedPolicy,
+    )
     from flowlearn.engine.sampling import Generation, Messages, Sampling
     from flowlearn.engine.scripted import ScriptedChatModel, ScriptedPolicy
     from flowlearn.engine.server import ServerPolicy
     from flowlearn.engine.tokens import BatchDecoder, DecodeStats, ModelHandle, TokenModel, sample
 
 _LAZY = {
+    **dict.fromkeys(("PolicyRef", "by_node"), "flowlearn.engine.adapters"),
     "BatchingPolicy": "flowlearn.engine.batching",
     **dict.fromkeys(("ChatModelPolicy", "HFChatModel", "ServerChatModel"), "flowlearn.engine.chat"),
     **dict.fromkeys(
@@ -40,7 +48,10 @@ _LAZY = {
         "flowlearn.engine.loading",
     ),
     **dict.fromkeys(("FrozenBasePolicy", "HFPolicy", "LocalPolicy"), "flowlearn.engine.local"),
-    **dict.fromkeys(("ChoosingModel", "Policy", "PrefillPolicy"), "flowlearn.engine.protocol"),
+    **dict.fromkeys(
+        ("ChoosingModel", "NodeBinding", "Policy", "PrefillPolicy", "ServedPolicy"),
+        "flowlearn.engine.protocol",
+    ),
     **dict.fromkeys(("Generation", "Messages", "Sampling"), "flowlearn.engine.sampling"),
     **dict.fromkeys(("ScriptedChatModel", "ScriptedPolicy"), "flowlearn.engine.scripted"),
     "ServerPolicy": "flowlearn.engine.server",
@@ -83,15 +94,19 @@ __all__ = [
     "Messages",
     "ModelHandle",
     "ModelNotFoundError",
+    "NodeBinding",
     "Policy",
+    "PolicyRef",
     "PrefillPolicy",
     "Sampling",
     "ScriptedChatModel",
     "ScriptedPolicy",
+    "ServedPolicy",
     "ServerChatModel",
     "ServerError",
     "ServerPolicy",
     "TokenModel",
+    "by_node",
     "load_model_and_tokenizer",
     "sample",
     "untrained_twin",

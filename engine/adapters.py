@@ -18,24 +18,27 @@ Why it is built this way:
    `adapter_names` in training mode: rollouts sample in eval mode, and the update switches
    adapters per micro-batch instead (`switch_adapter`).
 4. A training result of several nodes is a folder with one adapter per node in `<node>/` (as
-   PEFT's `save_pretrained` writes named adapters), the tokenizer, and `ADAPTERS_RECORD`
-   naming the base model, so `flowlearn run --planner FOLDER` rebuilds it with one base copy.
+   PEFT's `save_pretrained` writes named adapters), the tokenizer, and a record
+   naming the base model (`saved_adapters`), so `flowlearn run --planner FOLDER` rebuilds it
+   with one base copy.
 5. The record names the base so that it resolves from any folder (an absolute path, or a hub
    id) with its fingerprint (`base_fingerprint`), and loading checks it: a base named as typed
    ("tinyrel") resolved against the loading folder, and a same-shaped model put where the base
    was, would load another model under the adapters without a word. Each adapter is checked
    against the base's shapes before PEFT allocates it (`loading.check_adapter_fits`).
+6. A training run builds its graph once, around a `PolicyRef`, and swaps each step's policy
+   (its new weights, its batch) into it. The graph's nodes hold the reference's per-node
+   fronts (`NodeRef`), which look the step's policy up at every call, so a transition records
+   the version that sampled it, and nothing asks which class of policy it was given: every
+   binding answers `for_node` (`protocol.NodeBinding`; a plain policy through `by_node`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import os
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,22 +46,16 @@ from typing import Any, ClassVar
 
 from flowlearn.engine.batching import BatchingPolicy
 from flowlearn.engine.loading import (
-    BASE_SOURCE,
-    DEFAULT_SOURCES,
     check_adapter_fits,
-    read_json_record,
 )
 from flowlearn.engine.local import FrozenBasePolicy, HFPolicy, trainability_kept, tuned_parts
-from flowlearn.engine.protocol import continues_prefill
+from flowlearn.engine.protocol import NodeBinding, continues_prefill
 from flowlearn.engine.sampling import Generation, Messages, Sampling
 from flowlearn.engine.stops import StopWatch
 from flowlearn.engine.tokens import BASE_ROW, ModelHandle
-from flowlearn.errors import SavedModelError, brief
 
 logger = logging.getLogger(__name__)
 
-ADAPTERS_RECORD = "flowlearn_adapters.json"
-"""The file in a training result of several nodes that names its base model and its nodes."""
 NODE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
@@ -223,6 +220,143 @@ class NodePolicies(Mapping[str, Any]):
         return self.trained.get(node, self.base)
 
 
+def by_node(policy: Any) -> NodeBinding:
+    """Return `policy` as policies by node: a binding as it is, a plain policy as every node's.
+
+    A plain policy is the base of a `NodePolicies` with no node trained apart, so a graph
+    builder asks `for_node` and `trained` whatever it was given.
+    """
+    return policy if isinstance(policy, NodeBinding) else NodePolicies({}, policy)
+
+
+class PolicyRef(Mapping[str, Any]):
+    """One swappable reference to the policy a graph calls: bound once, swapped every step.
+
+    Built around the first step's policy (one policy, or a binding such as `NodePolicies`,
+    batched or not); each later step `swap`s its own in. Like `NodePolicies` it maps each
+    trained node to its policy and gives every other node the base, but each of those is a
+    `NodeRef` that forwards every call to that node's policy of the current step. Called as a
+    policy itself, it is the base: a graph given one policy plans on the step's.
+
+    Swap and release only between steps, from the thread that runs them: a step's rollouts
+    (threads of their own) read it while they run.
+    """
+
+    def __init__(self, target: Any) -> None:
+        """Refer to `target` until swapped; its trained nodes are the reference's for good."""
+        self._current: NodeBinding | None = by_node(target)
+        self._base = NodeRef(self, None)
+        self._fronts = {node: NodeRef(self, node) for node in self._current.trained}
+
+    def swap(self, target: Any) -> None:
+        """Send every call to `target` from now on.
+
+        Raises:
+            ValueError: `target` trains other nodes apart than the first policy did: the
+                graph was built with those nodes' policies in place.
+
+        """
+        nodes = by_node(target)
+        if set(nodes.trained) != set(self._fronts):
+            raise ValueError(
+                f"the graph was built for trained nodes {sorted(self._fronts)}; a policy that "
+                f"trains {sorted(nodes.trained)} cannot be swapped in"
+            )
+        self._current = nodes
+
+    def release(self) -> None:
+        """Let go of the current policy, so that no step's model outlives its step here."""
+        self._current = None
+
+    def current(self, node: str | None) -> Any:
+        """Return the current policy of trained `node`, or the base's (None).
+
+        Raises:
+            RuntimeError: released, and no policy swapped in since.
+
+        """
+        if self._current is None:
+            raise RuntimeError("no policy is swapped in: the graph was called between steps")
+        return self._current.base if node is None else self._current.for_node(node)
+
+    @property
+    def trained(self) -> Mapping[str, NodeRef]:
+        """Each trained node's front."""
+        return self._fronts
+
+    @property
+    def base(self) -> NodeRef:
+        """The front of every node not trained apart."""
+        return self._base
+
+    def for_node(self, node: str) -> NodeRef:
+        """Return `node`'s front: its own if trained, else the base's."""
+        return self._fronts.get(node, self._base)
+
+    def __getitem__(self, node: str) -> NodeRef:
+        return self._fronts[node]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fronts)
+
+    def __len__(self) -> int:
+        return len(self._fronts)
+
+    def __eq__(self, other: object) -> bool:  # by identity, not by items as a Mapping would
+        return self is other
+
+    __hash__ = object.__hash__
+
+    @property
+    def continues_prefill(self) -> bool:
+        """Whether the base's current policy continues a final assistant message."""
+        return self._base.continues_prefill
+
+    def generate(self, messages: Messages, sampling: Sampling, **kwargs: Any) -> Generation:
+        """Generate with the base's current policy."""
+        return self._base.generate(messages, sampling, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        """Read anything else (`version`, `handle`, `tokenizer`) off the base's current policy."""
+        if name.startswith("_"):  # its own, not set yet (a copy being made): never forwarded
+            raise AttributeError(name)
+        return getattr(self._base, name)
+
+
+@dataclass(frozen=True, eq=False)
+class NodeRef:
+    """One node's policy through a `PolicyRef`: each call goes to that node's current policy.
+
+    Looked up at every call, so a transition records the version of the step that made it,
+    and a capability (a handle, a tokenizer, a prefill) is the current policy's.
+    """
+
+    ref: PolicyRef
+    node: str | None
+    """The trained node whose policy it forwards to; None: the base's."""
+
+    @property
+    def target(self) -> Any:
+        """The node's policy of the current step."""
+        return self.ref.current(self.node)
+
+    @property
+    def continues_prefill(self) -> bool:
+        """Whether the current policy continues a final assistant message."""
+        return continues_prefill(self.target)
+
+    def generate(self, messages: Messages, sampling: Sampling, **kwargs: Any) -> Generation:
+        """Generate with the node's current policy (its version goes in the generation)."""
+        result: Generation = self.target.generate(messages, sampling, **kwargs)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        """Read anything else (`version`, `handle`, `tokenizer`) off the current policy."""
+        if name.startswith("_") or name in ("ref", "node"):  # not set yet: a copy being made
+            raise AttributeError(name)
+        return getattr(self.target, name)
+
+
 @dataclass(frozen=True)
 class AdapterBatching:
     """One node's calls, decoded in a batch that every node's adapter shares (`mixed_batching`).
@@ -275,11 +409,12 @@ class AdapterBatching:
         return future.result()
 
 
-def mixed_batching(policies: NodePolicies, max_batch_size: int) -> NodePolicies:
+def mixed_batching(policies: NodeBinding, max_batch_size: int) -> NodePolicies:
     """Return `policies` decoding together: one batch of mixed adapters for every node.
 
     Each trained node's `AdapterPolicy` (inside a `NodeSampling`, if any) and the base become
-    `AdapterBatching` fronts of one `BatchingPolicy` on their shared handle.
+    `AdapterBatching` fronts of one `BatchingPolicy` on their shared handle. It takes those
+    concrete local policies apart (handle, adapter, sampling), so it checks their classes.
     """
 
     def own(policy: Any) -> HFPolicy:
@@ -348,233 +483,3 @@ def attach_adapters(model: Any, folders: Mapping[str, str | os.PathLike[str]]) -
         peft_model.load_adapter(str(path), adapter_name=node)
     peft_model.eval()
     return peft_model
-
-
-WEIGHT_SAMPLES = 64
-"""Evenly spaced reads per weight file in a base's fingerprint."""
-SAMPLE_BYTES = 4096
-VOLATILE_CONFIG_KEYS = frozenset({"transformers_version", "_name_or_path", "name_or_path"})
-"""Keys of a model's config.json that saving it again may change; left out of its hash."""
-
-
-def embedded(base: str) -> bool:
-    """Whether `base` names flowlearn's embedded default model (resolvable anywhere)."""
-    return base.lower() in (*DEFAULT_SOURCES, BASE_SOURCE)
-
-
-def locate_base(base: str, kind: str | None = None) -> tuple[Path | None, str | None]:
-    """Return where the model `base` is on this machine and its hub revision, or (None, None).
-
-    A path (a folder or a .gguf file) is made absolute; a hub id is found in the local hub
-    cache only (its snapshot folder, whose name is the commit). `kind` "hub" skips the path.
-    """
-    path = Path(base).expanduser()
-    if kind != "hub" and path.exists():
-        return path.resolve(), None
-    if kind in ("folder", "file") or path.is_absolute() or base.startswith((".", "~")):
-        return None, None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(base, "config.json")
-    except (ImportError, ValueError):  # an id the hub would refuse
-        return None, None
-    if not isinstance(found, str):
-        return None, None
-    return Path(found).parent, Path(found).parent.name
-
-
-def base_fingerprint(where: Path, revision: str | None = None) -> dict[str, Any]:
-    """Fingerprint the model at `where`: its config's hash, vocabulary size and sampled weights.
-
-    The weights are sampled (`WEIGHT_SAMPLES` reads of `SAMPLE_BYTES` spread over each weight
-    file, with its name and size), so the fingerprint costs milliseconds for any size of model,
-    yet tells apart two models of the same shape: any two trainings differ all over their
-    weights. `revision` is the hub commit, when the model came from the hub's cache.
-    """
-    config: Any = {}
-    files = [where]
-    if where.is_dir():
-        if (where / "config.json").is_file():
-            config = read_json_record(where / "config.json", "model config")
-        files = sorted(p for p in where.iterdir() if weight_file(p.name))
-    config = config if isinstance(config, dict) else {}
-    kept = {k: v for k, v in config.items() if k not in VOLATILE_CONFIG_KEYS}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    digest = hashlib.sha256()
-    for file in files:
-        size = file.stat().st_size
-        digest.update(f"{file.name}:{size}\n".encode())
-        with open(file, "rb") as handle:
-            for k in range(WEIGHT_SAMPLES):
-                handle.seek(size * k // WEIGHT_SAMPLES)
-                digest.update(handle.read(SAMPLE_BYTES))
-    return {
-        "config_sha256": hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
-        if where.is_dir()
-        else None,
-        "vocab_size": config.get("vocab_size") or text.get("vocab_size"),
-        "weights_sample_sha256": digest.hexdigest(),
-        "revision": revision,
-    }
-
-
-def weight_file(name: str) -> bool:
-    """Whether a file of a model folder holds its weights (safetensors, or torch's .bin)."""
-    return name.endswith(".safetensors") or (
-        name.startswith("pytorch_model") and name.endswith(".bin")
-    )
-
-
-FINGERPRINT_PARTS = {
-    "vocab_size": "vocab",
-    "config_sha256": "config.json sha256",
-    "weights_sample_sha256": "weights sample sha256",
-    "revision": "revision",
-}
-
-
-def describe_fingerprint(fingerprint: Mapping[str, Any]) -> str:
-    """Say a fingerprint in words: `vocab 400, config.json sha256 1a2b3c4d5e6f, ...`."""
-    parts = []
-    for key, words in FINGERPRINT_PARTS.items():
-        value = fingerprint.get(key)
-        if value is not None:
-            parts.append(f"{words} {str(value)[:12] if key != 'vocab_size' else value}")
-    return ", ".join(parts) or "no fingerprint"
-
-
-def write_adapters_record(folder: Path, base: str, nodes: Sequence[str]) -> None:
-    """Name, in a training result's `folder`, its base model and its nodes' adapters.
-
-    The base is recorded where it resolves from any folder (an absolute path, a hub id, or the
-    embedded default's name), with its kind and fingerprint (`base_fingerprint`), or a null
-    fingerprint where the base cannot be found here (a hub id not in the local cache).
-    """
-    located, revision = (None, None) if embedded(base) else locate_base(base)
-    kind = "embedded" if embedded(base) else "hub"
-    if located is not None and revision is None:
-        kind, base = ("folder" if located.is_dir() else "file"), str(located)
-    record = {
-        "base": base,
-        "base_kind": kind,
-        "base_fingerprint": None if located is None else base_fingerprint(located, revision),
-        "nodes": list(nodes),
-    }
-    (folder / ADAPTERS_RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
-
-
-def read_adapters_record(folder: str | os.PathLike[str]) -> tuple[str, dict[str, Path]] | None:
-    """Return the base model and each node's adapter folder of a training result, or None.
-
-    None when `folder` is not a result of several nodes (no `ADAPTERS_RECORD`). The base is
-    checked against its recorded fingerprint (`checked_base`).
-
-    Raises:
-        ValueError: a record that is not one (too large, too deep, not JSON), a node whose
-            adapter folder is missing, or a base that is gone or not the model the adapters
-            were trained on (`SavedModelError`, a ValueError).
-
-    """
-    root = Path(folder).expanduser()
-    path = root / ADAPTERS_RECORD
-    if not path.is_file():
-        return None
-    record = read_json_record(path, "record of trained adapters")
-    base = record.get("base") if isinstance(record, dict) else None
-    nodes = record.get("nodes") if isinstance(record, dict) else None
-    if not isinstance(base, str) or not base or not isinstance(nodes, list) or not nodes:
-        raise SavedModelError(f"{path} does not name a base and nodes; fix or remove it")
-    folders = {check_node_name(node): root / node for node in nodes}
-    if len(folders) != len(nodes):  # a dict would keep one of each silently
-        twice = [n for n, k in Counter(nodes).items() if k > 1]
-        raise SavedModelError(f"{path} names nodes twice: {brief(twice)}; fix or remove it")
-    missing = [n for n, f in folders.items() if not (f / "adapter_config.json").is_file()]
-    if missing:
-        raise ValueError(f"{root} names adapters {brief(missing)} that are not there; incomplete")
-    return checked_base(record, path), folders
-
-
-def checked_base(record: Mapping[str, Any], path: Path) -> str:
-    """Return the record's base after checking it is the model the adapters were trained on.
-
-    A record an older flowlearn wrote has no fingerprint and names the base as typed: one
-    relative to the folder training ran in is refused when such a path exists here (it may
-    well be another model: the case this check exists for); any other loads with a warning.
-
-    Raises:
-        SavedModelError: a folder or file base that is gone, a base whose fingerprint differs
-            (saying what differs), or an older record's relative base.
-
-    """
-    base, kind = record["base"], record.get("base_kind")
-    if embedded(base):
-        return str(base)
-    fix = f'or edit "base" in {path} to where that model is now (it is checked again)'
-    if "base_fingerprint" not in record:  # written by an older flowlearn
-        return older_base(base, path)
-    recorded = record["base_fingerprint"]
-    if kind == "hub" and Path(base).expanduser().exists():
-        raise SavedModelError(
-            f"{path} names the hub model {base}, and a folder {base} here would load instead; "
-            "run from another folder"
-        )
-    located, revision = locate_base(base, kind)
-    if located is None and kind != "hub":
-        raise SavedModelError(
-            f"the base model {base} that the adapters in {path.parent} were trained on is not "
-            "there any more (deleted, as a temporary folder is, or the result was copied from "
-            f"another machine); put that model back at {base}, {fix}"
-        )
-    if located is None or not isinstance(recorded, dict):
-        logger.warning(
-            "%s: its base %s could not be checked (%s); loading it as named",
-            path,
-            base,
-            "no fingerprint was recorded" if located else "not in the local hub cache",
-        )
-        return str(base)
-    current = base_fingerprint(located, revision)
-    differs = [
-        FINGERPRINT_PARTS[k]
-        for k in FINGERPRINT_PARTS
-        if recorded.get(k) is not None and recorded.get(k) != current.get(k)
-    ]
-    if differs:
-        raise SavedModelError(
-            f"the adapters in {path.parent} were trained on base {base} "
-            f"({describe_fingerprint(recorded)}); {located} now has "
-            f"{describe_fingerprint(current)}: another model ({', '.join(differs)} "
-            f"{'differs' if len(differs) == 1 else 'differ'}). Put the model they were trained "
-            f"on back at {base}, {fix}"
-        )
-    return str(base)
-
-
-def older_base(base: str, path: Path) -> str:
-    """Return an older record's base (no fingerprint), or refuse an ambiguous relative one.
-
-    Raises:
-        SavedModelError: a relative path that exists here, or an absolute one that is gone.
-
-    """
-    here = Path(base).expanduser()
-    fix = (
-        f'edit "base" in {path} to the absolute path (or hub id) of the model the adapters '
-        "were trained on"
-    )
-    if here.is_absolute() and not here.exists():
-        raise SavedModelError(f"the base model {base} named in {path} is not there any more; {fix}")
-    if not here.is_absolute() and here.exists():
-        raise SavedModelError(
-            f"{path} (written by an older flowlearn) names its base as typed, {base!r}, relative "
-            f"to the folder training ran in and without a fingerprint: from here it would load "
-            f"{here.resolve()}, which may be another model; {fix}"
-        )
-    logger.warning(
-        "%s was written by an older flowlearn: its base %s has no fingerprint to check it by. "
-        'If it is a folder, edit "base" there to its absolute path',
-        path,
-        base,
-    )
-    return base

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from flowlearn.engine.sampling import Generation, Messages, Sampling
@@ -27,6 +28,40 @@ class PrefillPolicy(Protocol):
     """
 
     continues_prefill: bool
+
+
+@runtime_checkable
+class NodeBinding(Protocol):
+    """The policies a graph's nodes call: each trained node's own, and the base of the others.
+
+    `NodePolicies` (an adapter per node) and the trainer's `PolicyRef` are bindings; a plain
+    policy is one as every node's base (`adapters.by_node`). A graph builder asks the binding
+    for a node's policy instead of checking which class it was given.
+    """
+
+    @property
+    def trained(self) -> Mapping[str, Any]:
+        """Each trained node's policy, by the graph node's name."""
+        ...
+
+    @property
+    def base(self) -> Any:
+        """The policy of every node not trained apart."""
+        ...
+
+    def for_node(self, node: str) -> Any:
+        """Return the policy `node`'s calls run on: its own if trained, else the base."""
+        ...
+
+
+@runtime_checkable
+class ServedPolicy(Protocol):
+    """A policy sampled on a server (`ServerPolicy`): where, and whether prompts render here."""
+
+    url: str
+    """The server's OpenAI base URL (any password in it redacted)."""
+    tokenizer: Any
+    """The model's tokenizer when prompts are rendered here; None: the server renders them."""
 
 
 @runtime_checkable

@@ -182,7 +182,7 @@ def train(options: argparse.Namespace, scratch: Path) -> Any:
     final = options.output_dir / "final"
     trainer.save_model(str(final))
     if options.model is None:  # the built base lives in the temporary folder: keep a copy
-        from flowlearn.engine.adapters import write_adapters_record
+        from flowlearn.engine.saved_adapters import write_adapters_record
 
         kept = shutil.copytree(scratch / "tiny-model", options.output_dir / "base-model")
         write_adapters_record(final, str(kept), options.nodes)

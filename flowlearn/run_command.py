@@ -136,14 +136,14 @@ def check_checkpoints_file(path: Path) -> None:
 
 def answer(args: argparse.Namespace, flow: Flow, saver: Any, config: RunnableConfig | None) -> int:
     """Stream the run (new, or resumed from its checkpoint) and print the answer."""
-    from flowlearn.engine.server import ServerPolicy
+    from flowlearn.engine.protocol import ServedPolicy
 
     planner = str(getattr(flow.planner, "version", type(flow.planner).__name__))
-    if isinstance(flow.planner, ServerPolicy):  # say where its prompts are rendered
+    if isinstance(flow.planner, ServedPolicy):  # say where its prompts are rendered
         where = "here" if flow.planner.tokenizer is not None else "by the server"
         planner += f" at {flow.planner.url} (prompts rendered {where})"
     engine = flow.engine.policy.version
-    if isinstance(flow.engine.policy, ServerPolicy):
+    if isinstance(flow.engine.policy, ServedPolicy):
         engine += f" at {flow.engine.policy.url}"
     print(f"planner: {planner}  engine: {engine}  tools: {', '.join(flow.tool_names)}")
     print(flow.settings())

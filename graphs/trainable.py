@@ -15,8 +15,9 @@ Why it is built this way:
    the graph's state.
 3. The chat model samples with the run context's planner settings (TRL's `temperature`,
    `top_p` and `max_completion_length`, which the trainer checks the rows against), bound
-   when the graph is built: `TrainableGraph` builds the user's graph once per step and per
-   settings, not once per rollout.
+   when the graph is built: `TrainableGraph` builds the user's graph once per settings, not
+   once per rollout. Training hands it one `PolicyRef` for the whole run, each step's policy
+   swapped into it, so the user's graph is not rebuilt per step either.
 4. Only this chat model's calls are recorded; a node that calls another model runs as it is
    and is not trained.
 5. A key never reaches the policy, so none is in a record either. A user's tool may echo a key
@@ -51,7 +52,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from pydantic import Field
 
-from flowlearn.engine.adapters import NodePolicies
+from flowlearn.engine.adapters import by_node
 from flowlearn.engine.chat import HFChatModel
 from flowlearn.engine.local import LocalPolicy
 from flowlearn.engine.protocol import local_tokenizer, policy_tokenizer
@@ -135,10 +136,9 @@ class TrainableChatModel(HFChatModel):
 
     @classmethod
     def over(cls, policy: Any, **fields: Any) -> TrainableChatModel:
-        """Return the chat model over the live policy: one policy, or a `NodePolicies`."""
-        if isinstance(policy, NodePolicies):
-            return cls(policy=policy.base, node_policies=dict(policy.trained), **fields)
-        return cls(policy=policy, **fields)
+        """Return the chat model over the live policy: one, or policies by node (`by_node`)."""
+        nodes = by_node(policy)
+        return cls(policy=nodes.base, node_policies=dict(nodes.trained), **fields)
 
     @property
     def _llm_type(self) -> str:
@@ -247,7 +247,8 @@ class TrainableGraph:
     build: Callable[[BaseChatModel], Any]
     """From a chat model to the user's compiled graph; its learning nodes call that model."""
     policy: Any
-    """The live policy: one (every node's calls train it), or a `NodePolicies`."""
+    """The live policy: one (every node's calls train it), or policies by node (`NodePolicies`;
+    in training, the run's `PolicyRef`)."""
     inputs: Callable[[str], Mapping[str, Any]] = messages_input
     """From the question to the graph's input."""
     answer: Callable[[Mapping[str, Any]], str] = last_ai_text
@@ -263,10 +264,8 @@ class TrainableGraph:
                 (`require_tokenizers`).
 
         """
-        if isinstance(self.policy, NodePolicies):
-            require_tokenizers(self.policy.base, self.policy.trained)
-        else:
-            require_tokenizers(self.policy, {})
+        nodes = by_node(self.policy)
+        require_tokenizers(nodes.base, nodes.trained)
 
     def graph(self, sampling: Sampling) -> Any:
         """Return the user's graph around a chat model sampling with `sampling` (built once)."""
@@ -339,8 +338,8 @@ def trainable_graph(
         build: from a chat model to your compiled graph. Every node that should learn calls
             that model (bound tools and `.bind(...)` as usual); nodes are trained by their graph
             names (`train_nodes`, or the trainer's `nodes` with an adapter per node), the
-            others run on the base. Called once per training step with a
-            `TrainableChatModel` over that step's policy.
+            others run on the base. Called once per run's sampling settings with a
+            `TrainableChatModel` over the live policy (training swaps each step's into it).
         inputs: from the question to your graph's input; default: one user message in
             `messages` (`MessagesState`).
         answer: from your graph's final state to the answer the reward functions score;
@@ -358,10 +357,11 @@ def trainable_graph(
 
 def warn_unknown_nodes(graph: Any, policy: Any) -> None:
     """Warn about a trained node that is no node of `graph`: it would have no rows."""
-    if not isinstance(policy, NodePolicies) or not hasattr(graph, "get_graph"):
+    trained = list(by_node(policy).trained)
+    if not trained or not hasattr(graph, "get_graph"):  # one policy, or not a LangGraph app
         return
     names = {str(node).rsplit(":", 1)[-1] for node in graph.get_graph(xray=True).nodes}
-    unknown = [node for node in policy if node not in names]
+    unknown = [node for node in trained if node not in names]
     if unknown:
         known = sorted(names - {"__start__", "__end__"})
         warnings.warn(

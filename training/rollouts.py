@@ -9,22 +9,24 @@ questions TRL sampled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
-from flowlearn.engine.adapters import NodePolicies, NodeSampling, mixed_batching
+from flowlearn.engine.adapters import NodeSampling, PolicyRef, by_node, mixed_batching
 from flowlearn.engine.batching import BatchingPolicy
 from flowlearn.engine.local import HFPolicy
-from flowlearn.engine.protocol import Policy
+from flowlearn.engine.protocol import NodeBinding, Policy
 from flowlearn.evals.cases import Case
 from flowlearn.evals.runner import run_resumable
 from flowlearn.evals.scorers import CaseScorer
@@ -270,7 +272,8 @@ class Rollouts:
     """Online source: G rollouts per question through a graph around the live policy."""
 
     graph_factory: Callable[[Policy], Any]
-    """From the live policy to a compiled graph whose policy calls append `transitions`."""
+    """From the live policy to a compiled graph whose policy calls append `transitions`.
+    Called once, at the first step, with a `PolicyRef` that each step swaps its policy into."""
     scorer: Outcome
     """`(answer, case) -> Score`, the outcome reward."""
     cases: Sequence[Case]
@@ -287,6 +290,8 @@ class Rollouts:
     run_id: str | None = field(default_factory=new_run_id)
     """The training run's id, in every rollout's id and metadata; fresh per source unless set
     (`training.run.train` sets the one persisted in output_dir, kept on resume)."""
+    _idle: list[tuple[PolicyRef, Any]] = field(default_factory=list, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
@@ -302,7 +307,7 @@ class Rollouts:
 
     def run(
         self,
-        policy: Policy,
+        policy: Policy | NodeBinding,
         cases: list[Case],
         *,
         group_size: int,
@@ -313,8 +318,9 @@ class Rollouts:
     ) -> list[Trajectory]:
         """Roll each case out `group_size` times with `policy` as the planner, and reward it.
 
-        `progress` shows the step's rollouts finishing on a tqdm bar (the trainer's main
-        process does, unless TRL's `disable_tqdm`).
+        `policy`, batched for the step's rollouts (`batched`), is swapped into the graph built
+        at the first step (`graph_around`). `progress` shows the step's rollouts finishing on
+        a tqdm bar (the trainer's main process does, unless TRL's `disable_tqdm`).
 
         Under `reward_errors="drop"` a rollout whose reward failed comes back marked
         `metadata[DROPPED]`, so the batch leaves it out and counts it in the metrics. So does
@@ -327,25 +333,49 @@ class Rollouts:
         seed = getattr(context, "seed", None)  # a test's stand-in may pass no context
         if seed is not None:  # each step draws afresh; a rerun or resume draws alike
             context = dataclasses.replace(context, seed=step_seed(seed, step, rank))
-        trajectories = collect(
-            self.graph_factory(live),
-            cases,
-            self.scorer,
-            group_size=group_size,
-            store=rank_store(self.store, rank),
-            context=context,
-            concurrency=concurrency,
-            progress=progress,
-            extra_rewards=self.extra_rewards,
-            id_prefix=f"step{step}:",
-            run_id=self.run_id,
-        )
+        with self.graph_around(live) as graph:
+            trajectories = collect(
+                graph,
+                cases,
+                self.scorer,
+                group_size=group_size,
+                store=rank_store(self.store, rank),
+                context=context,
+                concurrency=concurrency,
+                progress=progress,
+                extra_rewards=self.extra_rewards,
+                id_prefix=f"step{step}:",
+                run_id=self.run_id,
+            )
         for trajectory in trajectories:
             if self.reward_errors == "drop" and trajectory.reward_error is not None:
                 trajectory.metadata[DROPPED] = f"reward error: {trajectory.reward_error}"
             elif trajectory.termination == "engine_error":
                 trajectory.metadata[DROPPED] = "a model call failed (termination engine_error)"
         return trajectories
+
+    @contextlib.contextmanager
+    def graph_around(self, policy: Any) -> Iterator[Any]:
+        """Lend a step the graph, its `PolicyRef` holding `policy` until the step ends.
+
+        The graph is built once, at the first step (`graph_factory`), and kept; each later
+        step swaps its policy in rather than building the graph anew. A step run while
+        another is (an evaluation beside the asynchronous producer's step) gets a graph of its
+        own, so neither's swap reaches the other's calls.
+        """
+        with self._lock:
+            idle = self._idle.pop() if self._idle else None
+        if idle is None:
+            ref = PolicyRef(policy)
+            idle = ref, self.graph_factory(ref)
+        ref, graph = idle
+        try:
+            ref.swap(policy)
+            yield graph
+        finally:
+            ref.release()  # no step's model is kept alive by the graph between steps
+            with self._lock:
+                self._idle.append(idle)
 
 
 def step_seed(seed: int, step: int, rank: int = 0) -> int:
@@ -362,17 +392,19 @@ def step_seed(seed: int, step: int, rank: int = 0) -> int:
 def batched(policy: Any, concurrency: int) -> Any:
     """Return `policy` decoding its concurrent calls together (`BatchingPolicy`), when local.
 
-    The nodes of a local `NodePolicies` share one batch of mixed adapters (`mixed_batching`);
-    a server batches its own.
+    The trained nodes of a local binding (`NodePolicies`) share one batch of mixed adapters
+    (`mixed_batching`); a server batches its own.
     """
-    if isinstance(policy, NodePolicies):
-        local = isinstance(policy.base, HFPolicy)
-        return mixed_batching(policy, concurrency) if concurrency > 1 and local else policy
-    if isinstance(policy, NodeSampling):
+    if concurrency <= 1:
+        return policy
+    nodes = by_node(policy)
+    if nodes.trained:
+        # Only a local model's adapters batch here; `mixed_batching` builds on its handle.
+        return mixed_batching(nodes, concurrency) if isinstance(nodes.base, HFPolicy) else policy
+    if isinstance(policy, NodeSampling):  # a node's own sampling, over what it wraps batched
         return dataclasses.replace(policy, wrapped=batched(policy.wrapped, concurrency))
-    if concurrency > 1 and isinstance(policy, HFPolicy):
-        return BatchingPolicy(policy, max_batch_size=concurrency)
-    return policy
+    # A local model's single calls batch here; a server batches its own, a chat model cannot.
+    return BatchingPolicy(policy, concurrency) if isinstance(policy, HFPolicy) else policy
 
 
 def agentflow_factory(
@@ -380,22 +412,21 @@ def agentflow_factory(
 ) -> Callable[[Policy], Any]:
     """Return a function from the live policy to the AgentFlow graph with `prompts`.
 
-    Given a `NodePolicies` (several trained nodes), the planner plans with its node's policy
-    (the base's when untrained), and a trained verifier or executor runs on its own.
+    The planner plans with its node's policy (the base's when untrained, or the one policy),
+    and a verifier or executor trained apart (`NodePolicies`, `PolicyRef`) runs on its own.
     """
     bound = list(tools)
 
     def factory(policy: Any) -> Any:
-        if isinstance(policy, NodePolicies):
-            return build_agentflow(
-                policy.for_node("planner"),
-                engine,
-                bound,
-                prompts=prompts,
-                verifier_policy=policy.trained.get("verifier"),
-                executor_policy=policy.trained.get("executor"),
-            )
-        return build_agentflow(policy, engine, bound, prompts=prompts)
+        nodes = by_node(policy)
+        return build_agentflow(
+            nodes.for_node("planner"),
+            engine,
+            bound,
+            prompts=prompts,
+            verifier_policy=nodes.trained.get("verifier"),
+            executor_policy=nodes.trained.get("executor"),
+        )
 
     return factory
 

@@ -31,7 +31,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
-from flowlearn.engine.adapters import write_adapters_record
+from flowlearn.engine.saved_adapters import write_adapters_record
 from flowlearn.engine.tokens import ModelHandle
 from flowlearn.errors import UsageError
 from flowlearn.evals.cases import Case
@@ -250,7 +250,7 @@ def save_final(
     fixed engine, so `flowlearn run` and `eval` serve it with the same
     (`nodes.prompts.PROMPTS_RECORD`). Several trained nodes are saved unmerged instead: one
     adapter per node in `<node>/`, the tokenizer, and `base` (the model they adapt) named in
-    `engine.adapters.ADAPTERS_RECORD`. Under `accelerate launch` only the main process writes;
+    `engine.saved_adapters.ADAPTERS_RECORD`. Under `accelerate launch` only the main process writes;
     the others wait for it. A model with a NaN or infinite weight is refused
     (`TrainingDivergedError`) and nothing is written.
     """

@@ -36,14 +36,10 @@ from langchain_core.tools import BaseTool
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
-from flowlearn.engine.adapters import (
-    NodePolicies,
-    node_policies,
-    write_adapters_record,
-)
+from flowlearn.engine.adapters import node_policies
 from flowlearn.engine.local import HFPolicy
-from flowlearn.engine.protocol import Policy
-from flowlearn.engine.server import ServerPolicy
+from flowlearn.engine.protocol import NodeBinding, Policy
+from flowlearn.engine.saved_adapters import write_adapters_record
 from flowlearn.engine.tokens import ModelHandle
 from flowlearn.errors import TrainingDivergedError
 from flowlearn.evals.cases import Case
@@ -502,7 +498,7 @@ class FlowGRPOTrainer(GRPOTrainer):
         return reference_logps(self, tensors) if self.beta != 0.0 else None
 
 
-def live_policy(trainer: Any, model: Any) -> Policy:
+def live_policy(trainer: Any, model: Any) -> Policy | NodeBinding:
     """Return the step's planner: the live model, versioned `output_dir@step`.
 
     It samples locally on the trainer's handle (shared with the frozen base), on a vLLM server
@@ -515,17 +511,15 @@ def live_policy(trainer: Any, model: Any) -> Policy:
     version = f"{trainer.args.output_dir}@{trainer.state.global_step}"
     roles: TrainedRoles | None = trainer.roles
     if trainer.server is not None:  # on the server, under this step's adapter (each node's)
-        served: ServerPolicy | NodePolicies = trainer.server.live_policy(trainer, model)
-        if isinstance(served, NodePolicies) and roles is not None:
-            return own_sampling(served, roles)  # type: ignore[return-value]
-        return served  # type: ignore[return-value]
+        served: Any = trainer.server.live_policy(trainer, model)  # several nodes: `NodePolicies`
+        return served if roles is None else own_sampling(served, roles)
     if trainer.vllm is not None:  # TRL's vLLM engine, weights synced each step
         return trainer.vllm.policy(trainer, version)  # type: ignore[no-any-return]
     policy = HFPolicy.on(trainer.model_handle, version=version)
     if roles is None:
         return policy
     nodes = node_policies(policy, roles.nodes)  # an adapter each, the base beside them
-    return own_sampling(nodes, roles)  # type: ignore[return-value]
+    return own_sampling(nodes, roles)
 
 
 def stop_if_not_finite(name: str, value: Any, step: int) -> None:

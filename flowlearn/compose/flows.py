@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
@@ -23,7 +23,7 @@ from flowlearn.engine import (
     Policy,
     untrained_twin,
 )
-from flowlearn.engine.adapters import NodePolicies
+from flowlearn.engine.adapters import by_node
 from flowlearn.engine.loading import parameter_count
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark
@@ -113,15 +113,14 @@ def build_flow(
     except (ValueError, ModelNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
     tools = build_tools(spec, engine, prompts)
-    nodes = loaded if isinstance(loaded, NodePolicies) else None
-    planner: Policy = nodes.for_node("planner") if nodes is not None else cast(Policy, loaded)
-    if nodes is not None:
-        unused = sorted(set(nodes) - set(TRAINABLE_NODES))
-        if unused:
-            raise UsageError(
-                f"{spec.planner} holds adapters for {unused}, nodes the AgentFlow graph does "
-                "not have; load it in your own graph (flowlearn.engine.adapters)"
-            )
+    nodes = by_node(loaded)  # a training result of several nodes, or the one planner
+    planner: Policy = nodes.for_node("planner")
+    unused = sorted(set(nodes.trained) - set(TRAINABLE_NODES))
+    if unused:
+        raise UsageError(
+            f"{spec.planner} holds adapters for {unused}, nodes the AgentFlow graph does "
+            "not have; load it in your own graph (flowlearn.engine.adapters)"
+        )
     graph = build_agentflow(
         planner,
         engine,
@@ -129,12 +128,12 @@ def build_flow(
         prompts=prompts,
         checkpointer=checkpointer,
         output_schema=output_schema,
-        verifier_policy=nodes.trained.get("verifier") if nodes is not None else None,
-        executor_policy=nodes.trained.get("executor") if nodes is not None else None,
+        verifier_policy=nodes.trained.get("verifier"),
+        executor_policy=nodes.trained.get("executor"),
     )
     names = sorted(context.tools or [tool.name for tool in tools])
     flow = Flow(graph, context, planner, engine, names, prompts, engine_note=why)
-    flow.trained_nodes = tuple(nodes) if nodes is not None else ()
+    flow.trained_nodes = tuple(nodes.trained)
     return flow
 
 

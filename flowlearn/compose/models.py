@@ -19,13 +19,8 @@ from flowlearn.engine import (
     ServerPolicy,
     untrained_twin,
 )
-from flowlearn.engine.adapters import (
-    NodePolicies,
-    attach_adapters,
-    mixed_batching,
-    node_policies,
-    read_adapters_record,
-)
+from flowlearn.engine.adapters import NodePolicies, attach_adapters, mixed_batching, node_policies
+from flowlearn.engine.saved_adapters import read_adapters_record
 from flowlearn.errors import UsageError
 from flowlearn.nodes.prompts import (
     Budgets,
@@ -43,7 +38,7 @@ def load_parts(
 
     A local planner and a local engine of the same model share one copy in memory; with the
     planner on a server the local model is the engine's; with both served nothing loads here.
-    A training result of several nodes (`engine.adapters.ADAPTERS_RECORD`) loads as the
+    A training result of several nodes (`engine.saved_adapters.ADAPTERS_RECORD`) loads as the
     `NodePolicies` of its adapters on their one base.
     """
     engine: HFChatModel | None = None

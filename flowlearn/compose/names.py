@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flowlearn.engine.adapters import ADAPTERS_RECORD
+from flowlearn.engine.saved_adapters import ADAPTERS_RECORD
 from flowlearn.errors import UsageError
 from flowlearn.evals.benchmarks import BENCHMARKS
 from flowlearn.nodes.presets import PROMPT_SETS, prompts_for

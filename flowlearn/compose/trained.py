@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from flowlearn.compose.models import load_local_models
-from flowlearn.engine.adapters import NodePolicies, embedded, read_adapters_record
+from flowlearn.engine.adapters import NodePolicies
 from flowlearn.engine.loading import read_json_record
+from flowlearn.engine.saved_adapters import embedded, read_adapters_record
 from flowlearn.engine.server import ServerPolicy
 from flowlearn.errors import SavedModelError, UsageError
 from flowlearn.graphs.trainable import TrainableChatModel

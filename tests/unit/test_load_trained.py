@@ -25,8 +25,9 @@ from trainer_setup import config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import flowlearn
-from flowlearn.engine.adapters import ADAPTERS_RECORD, active_adapter
+from flowlearn.engine.adapters import active_adapter
 from flowlearn.engine.local import adapters_off
+from flowlearn.engine.saved_adapters import ADAPTERS_RECORD
 from flowlearn.errors import UsageError
 from flowlearn.evals.cases import Case
 from flowlearn.evals.scorers import Score

@@ -208,7 +208,7 @@ def test_a_budget_too_short_for_a_turn_is_refused_and_an_overrun_is_reported() -
 
 
 def test_node_names_are_listed_briefly_and_never_twice(tmp_path: Path) -> None:
-    from flowlearn.engine.adapters import ADAPTERS_RECORD, read_adapters_record
+    from flowlearn.engine.saved_adapters import ADAPTERS_RECORD, read_adapters_record
     from flowlearn.training.roles import check_train_nodes
 
     many = [f"n{i}" for i in range(200_001)]

@@ -22,8 +22,12 @@ from peft import LoraConfig
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from flowlearn.cli import main
-from flowlearn.engine.adapters import ADAPTERS_RECORD, read_adapters_record, write_adapters_record
 from flowlearn.engine.loading import check_adapter_fits
+from flowlearn.engine.saved_adapters import (
+    ADAPTERS_RECORD,
+    read_adapters_record,
+    write_adapters_record,
+)
 from flowlearn.errors import DataError, SavedModelError
 from flowlearn.training.roles import with_node_adapters
 

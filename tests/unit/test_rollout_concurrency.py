@@ -49,7 +49,7 @@ def test_the_steps_rollouts_are_in_flight_and_batched_together_by_default(
     graph, given = PeakGraph(), []
 
     def factory(policy: Any) -> PeakGraph:
-        given.append(policy)
+        given.append(policy.base.target)  # the step's policy, swapped into the graph's reference
         return graph
 
     source = Rollouts(factory, score, CASES, concurrency=concurrency)
