@@ -60,7 +60,7 @@ check: lint
 BENCHES := \
 	"rollouts.py" "rollouts.py --tiny" "rollout_speed.py --tiny" \
 	"update.py" "decode_step.py" "adapter_batches.py" "batches.py" "overhead.py" "local_search.py" \
-	"retriever.py" "sandbox.py"
+	"retriever.py" "sandbox.py" "async_training.py"
 
 bench: $(STAMP)
 	@for bench in $(BENCHES); do \
