@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -45,6 +46,9 @@ from flowlearn.evals.cases import Case
 from flowlearn.training.trajectories import DROPPED, Trajectory
 
 logger = logging.getLogger(__name__)
+
+VERSION = re.compile(r"@(\d+)(?::[^@]*)?$|^flow-.+-step(\d+)(?:-[^-]+)?$")
+"""A trained policy's version: `<output_dir>@<step>[:<node>]` or `flow-<run>-step<k>[-<node>]`."""
 
 DEFAULT_CAP = 2.0
 """The truncated importance-sampling cap of stale rows: verl's `tis_imp_ratio_cap` default."""
@@ -174,7 +178,7 @@ class RolloutProducer:
         """The version of the snapshot's weights."""
         self.published = version
         """The newest version the trainer published."""
-        self.pending: tuple[int, dict[str, Any]] | None = None
+        self.pending: tuple[int, dict[str, Any] | None] | None = None
         self.todo: deque[tuple[int, list[Case]]] = deque()
         self.done: dict[int, Produced] = {}
         self.submitted = version - 1
@@ -197,8 +201,11 @@ class RolloutProducer:
             self.todo.append((step, cases))
             self.condition.notify_all()
 
-    def publish(self, version: int, state: dict[str, Any]) -> None:
-        """Give the producer the weights after `version` updates; it loads them between steps."""
+    def publish(self, version: int, state: dict[str, Any] | None) -> None:
+        """Give the producer the weights after `version` updates; it loads them between steps.
+
+        None: nothing to load (a server holds the weights, pushed under the version's name).
+        """
         with self.condition:
             self.published = version
             self.pending = (version, state)
@@ -258,7 +265,8 @@ class RolloutProducer:
                     self.busy_step = step
                 waited = time.perf_counter() - started
                 if pending is not None:  # the copy: the only wait the trainer causes
-                    load_state(self.snapshot, pending[1])
+                    if pending[1] is not None:  # None: on a server, the adapters were pushed
+                        load_state(self.snapshot, pending[1])
                     self.loaded = pending[0]
                 version = self.loaded
                 began = time.perf_counter()
@@ -276,11 +284,17 @@ class RolloutProducer:
 
 
 def version_of(policy_version: str | None) -> int | None:
-    """Return the updates done in a `policy_version` (`<output_dir>@<step>`), or None."""
-    if not policy_version or "@" not in policy_version:
+    """Return the updates done in a `policy_version`, or None (not a trained policy's).
+
+    In-process: `<output_dir>@<step>` (`:<node>` or `:base` after it); on a vLLM server, the
+    adapter's name `flow-<run id>-step<step>` (`-<node>` after it).
+    """
+    if not policy_version:
         return None
-    tail = policy_version.rsplit("@", 1)[1].split(":", 1)[0]  # `:base` marks the engine's calls
-    return int(tail) if tail.isdigit() else None
+    match = VERSION.search(policy_version)
+    if match is None:
+        return None
+    return int(match.group(1) or match.group(2))
 
 
 def check_async(trainer: Any) -> None:
@@ -297,10 +311,8 @@ def check_async(trainer: Any) -> None:
     problems = []
     if not isinstance(trainer.source, Rollouts):
         problems.append("offline training replays stored rollouts; there is nothing to overlap")
-    if trainer.server is not None or trainer.vllm is not None:
-        problems.append("the producer samples on the in-process model; planner_url and use_vllm")
-    if trainer.accelerator.num_processes != 1:
-        problems.append(f"{trainer.accelerator.num_processes} processes (accelerate launch)")
+    if trainer.vllm is not None:
+        problems.append("use_vllm (TRL's vLLM engine syncs weights between its own steps)")
     if int(args.steps_per_generation) != int(args.gradient_accumulation_steps):
         problems.append(
             f"steps_per_generation {args.steps_per_generation} with gradient_accumulation_steps "
@@ -387,10 +399,19 @@ class AsyncRollouts(TrainerCallback):
         trainer = self.trainer
         check_async(trainer)
         live = trainer.accelerator.unwrap_model(trainer.model)
+        version = int(trainer.state.global_step)
+        snapshot = None
+        if trainer.server is None:
+            snapshot = snapshot_of(live)
+        else:  # the server samples: its adapters, pushed per version, kept while in use
+            self.vocab_size = int(live.get_input_embeddings().num_embeddings)
+            adapters = trainer.server.server
+            adapters.keep = max(adapters.keep, trainer.max_staleness + 2)
+            trainer.server.publish_at(trainer, live, version)
         self.producer = RolloutProducer(
             self.roll,
-            snapshot_of(live),
-            version=int(trainer.state.global_step),
+            snapshot,
+            version=version,
             max_staleness=trainer.max_staleness,
             stall_after=float(getattr(trainer.args, "producer_stall_s", 600.0)),
         )
@@ -404,6 +425,19 @@ class AsyncRollouts(TrainerCallback):
         from flowlearn.training.roles import own_sampling
 
         trainer = self.trainer
+        if trainer.server is not None:  # under the adapters of `version`, pushed by `publish`
+            served: Any = trainer.server.policy_at(trainer, version, self.vocab_size)
+            if trainer.roles is not None:
+                served = own_sampling(served, trainer.roles)
+            return trainer.source.run(  # type: ignore[no-any-return]
+                served,
+                cases,
+                group_size=trainer.group_size,
+                context=trainer.flow_context,
+                step=step,
+                rank=trainer.accelerator.process_index,
+                progress=False,
+            )
         handle = getattr(self, "_handle", None)
         if handle is None or handle.model is not model:
             self._handle = handle = ModelHandle(model, trainer.processing_class)
@@ -416,7 +450,7 @@ class AsyncRollouts(TrainerCallback):
             group_size=trainer.group_size,
             context=trainer.flow_context,
             step=step,
-            rank=0,
+            rank=trainer.accelerator.process_index,
             progress=False,
         )
 
@@ -432,7 +466,7 @@ class AsyncRollouts(TrainerCallback):
                 f"({[c.id for c in produced.cases][:3]} against {[c.id for c in cases][:3]})"
             )
         too_old = drop_too_stale(
-            produced.trajectories, step - trainer.max_staleness, f"{trainer.args.output_dir}@"
+            produced.trajectories, step - trainer.max_staleness, self.trained()
         )
         metrics = trainer._metrics["train"]
         metrics["flow/too_stale_rollouts"].append(float(too_old))
@@ -441,6 +475,29 @@ class AsyncRollouts(TrainerCallback):
         metrics["flow/producer_wait_s"].append(produced.waited)
         metrics["flow/producer_rollout_s"].append(produced.seconds)
         return produced.trajectories
+
+    def current(self, step: int) -> str | dict[str, str]:
+        """Return the version names of the weights training now (each trained node's).
+
+        The rows of any other version are stale; each node's are scored under its adapter.
+        """
+        trainer = self.trainer
+        if trainer.server is not None:
+            from flowlearn.training.vllm.lora_server import SINGLE
+
+            names: dict[str, str] = trainer.server.names(trainer, step)
+            return names if trainer.roles is not None else names[SINGLE]
+        version = f"{trainer.args.output_dir}@{step}"
+        if trainer.roles is None:
+            return version
+        return {node: f"{version}:{node}" for node in trainer.roles.nodes}
+
+    def trained(self) -> str:
+        """Return how the trained policy's versions begin (an engine's calls are not its own)."""
+        trainer = self.trainer
+        if trainer.server is not None:
+            return f"flow-{getattr(trainer.source, 'run_id', None) or 'run'}-step"
+        return f"{trainer.args.output_dir}@"
 
     def correct(self, rows: list[Any]) -> None:
         """Importance-correct the rows older weights sampled, and log the ratio's spread."""
@@ -452,9 +509,7 @@ class AsyncRollouts(TrainerCallback):
         ages = [step - v for v in versions if v is not None]
         stale = [r for r, v in zip(rows, versions, strict=True) if v is not None and v < step]
         cap = float(getattr(trainer.args, "stale_importance_cap", DEFAULT_CAP))
-        correct_stale_rows(
-            trainer, stale, f"{trainer.args.output_dir}@{step}", ("token_truncate", None, cap)
-        )
+        correct_stale_rows(trainer, stale, self.current(step), ("token_truncate", None, cap))
         metrics = trainer._metrics["train"]
         metrics["flow/row_staleness_max"].append(float(max(ages, default=0)))
         weights = [w for r in stale for w in (r.token_scales or [])]
@@ -478,7 +533,14 @@ class AsyncRollouts(TrainerCallback):
             return
         trainer = self.trainer
         live = trainer.accelerator.unwrap_model(trainer.model)
-        self.producer.publish(int(trainer.state.global_step), trainable_state(live))
+        version = int(trainer.state.global_step)
+        if 0 < trainer.args.max_steps <= version:  # the last update: no rollout samples it
+            return
+        if trainer.server is not None:  # pushed here, on the trainer's thread, before it is named
+            trainer.server.publish_at(trainer, live, version)
+            self.producer.publish(version, None)
+            return
+        self.producer.publish(version, trainable_state(live))
 
     def stop(self) -> None:
         """Stop the producer; rollouts in flight are dropped, never trained."""
@@ -490,7 +552,7 @@ class AsyncRollouts(TrainerCallback):
 def drop_too_stale(trajectories: list[Trajectory], oldest: int, trained: str) -> int:
     """Mark dropped the rollouts with a trained-policy call older than `oldest`; count them.
 
-    The trained policy's versions start with `trained` (`<output_dir>@`).
+    The trained policy's versions start with `trained` (`AsyncRollouts.trained`).
 
     The producer never samples past the bound, but a resumed run reuses the rollouts its store
     holds for a step (`collect`), whatever weights made them: those are checked here too.

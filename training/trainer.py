@@ -361,10 +361,10 @@ class FlowGRPOTrainer(GRPOTrainer):
             batch, node_stats = role_rows(trajectories, self.roles, self.mode, **options)
         else:
             batch = build_flow_grpo_rows(trajectories, self.mode, nodes=self.nodes, **options)
-        if self.server is not None:  # rows an older adapter sampled: importance-corrected
-            self.server.correct(self, batch.rows)
-        elif self.rollouts_ahead is not None:  # rows of older weights: importance-corrected
+        if self.rollouts_ahead is not None:  # rows of older weights: importance-corrected
             self.rollouts_ahead.correct(batch.rows)
+        elif self.server is not None:  # rows an older adapter sampled: importance-corrected
+            self.server.correct(self, batch.rows)
         if not batch.rows:
             warn_no_rows(self.state.global_step, len(trajectories))
         tokenizer: Any = self.processing_class

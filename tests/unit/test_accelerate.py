@@ -45,14 +45,17 @@ ENV = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.mark.slow
-def test_two_process_cpu_training_under_accelerate(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_staleness", [0, 1], ids=["synchronous", "one-step-off-policy"])
+def test_two_process_cpu_training_under_accelerate(
+    tiny_model_dir: Path, tmp_path: Path, max_staleness: int
+) -> None:
     out = tmp_path / "out"
     config = tmp_path / "train.yaml"
     config.write_text(
         f"planner: {tiny_model_dir}\nbenchmark: gameof24\nlimit: 8\nnum_generations: 2\n"
         f"questions_per_step: 1\nmax_turns: 1\nmax_completion_length: 8\n"
         f"engine_max_new_tokens: 8\nlearning_rate: 0.001\nsave_steps: 1\nmax_steps: 2\n"
-        f"output_dir: {out}\nbf16: false\nseed: 3\n"
+        f"output_dir: {out}\nbf16: false\nseed: 3\nmax_staleness: {max_staleness}\n"
     )
     done = subprocess.run(
         [*LAUNCH, "-m", "flowlearn", "train", "--config", str(config)],
@@ -72,6 +75,8 @@ def test_two_process_cpu_training_under_accelerate(tiny_model_dir: Path, tmp_pat
     assert sorted(first) == sorted(second) == ["step0", "step1"]
     for step in first:  # the two processes rolled out different questions at each step
         assert first[step] and second[step] and not first[step] & second[step]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("flow/staleness", 0.0) for r in records] == [0.0, float(max_staleness)]
 
 
 @pytest.mark.slow

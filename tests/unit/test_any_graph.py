@@ -211,8 +211,9 @@ def adapter_weights(model: Any, node: str) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("max_staleness", [0, 1], ids=["synchronous", "one-step-off-policy"])
 def test_a_users_two_node_graph_trains_both_nodes_as_roles(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, max_staleness: int
 ) -> None:
     from trainer_setup import config
 
@@ -227,18 +228,20 @@ def test_a_users_two_node_graph_trains_both_nodes_as_roles(
     def length(answer: str, case: Case) -> Score:  # varies within a group: advantages not 0
         return Score(min(len(answer), 100) / 100, "length")
 
+    args = config(
+        tmp_path,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_steps=1 + max_staleness,  # off-policy: step 2 sampled by step 1's weights
+        max_completion_length=8,
+    )
+    args.max_staleness = max_staleness  # type: ignore[attr-defined]  # FlowGRPOConfig's
     trainer = FlowGRPOTrainer.online(
         model,
-        args=config(
-            tmp_path,
-            per_device_train_batch_size=8,
-            num_generations=4,
-            max_steps=1,
-            max_completion_length=8,
-        ),
+        args=args,
         graph_factory=trainable_graph(router_writer),
         scorer=length,
-        cases=[Case(str(i), f"Question {i}?", "") for i in range(2)],
+        cases=[Case(str(i), f"Question {i}?", "") for i in range(2 + 2 * max_staleness)],  # 1 epoch
         context=CONTEXT,
         processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
         rollout_store=store,
@@ -250,8 +253,11 @@ def test_a_users_two_node_graph_trains_both_nodes_as_roles(
         ("router", "router"),
         ("writer", "writer"),
     }
-    (logged,) = [h for h in trainer.state.log_history if "flow/router/rows" in h]
-    assert logged["flow/router/rows"] == 8 and logged["flow/writer/rows"] == 16
+    logged = [h for h in trainer.state.log_history if "flow/router/rows" in h]
+    assert len(logged) == 1 + max_staleness
+    assert all(h["flow/router/rows"] == 8 and h["flow/writer/rows"] == 16 for h in logged)
+    if max_staleness:  # every row of step 2 was sampled by the weights before update 1
+        assert logged[1]["flow/staleness"] == 1 and logged[1]["flow/stale_rows"] == 24
     for node in ("router", "writer"):
         after = adapter_weights(model, node)
         assert any(not torch.equal(before[node][k], after[k]) for k in after), node

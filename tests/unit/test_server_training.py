@@ -253,3 +253,38 @@ def test_vllm_rollouts_bench_measures_flows_against_raw_generation(
     assert sorted(b["prompt"] for b in raw) == sorted(b["prompt"] for b in flows)  # same prompts
     assert sum(b["max_tokens"] for b in raw) == result["flow_tokens"]  # as many tokens each
     assert result["ratio"] > 0 and "ratio" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_server_training_off_policy_pushes_each_version_before_naming_it(
+    tiny_model_dir: Path, tmp_path: Path, vllm: StandInLoraServer
+) -> None:
+    out = tmp_path / "out"
+    with stand_in_server(vllm) as server:
+        flags = [
+            *("--planner", str(tiny_model_dir), "--benchmark", "gameof24", "--limit", "3"),
+            *("--num_generations", "2", "--questions-per-step", "1", "--max-turns", "1"),
+            *("--max_completion_length", "8", "--engine-max-new-tokens", "8"),
+            *("--max-steps", "3", "--learning_rate", "0.01", "--max_staleness", "1"),
+            *("--bf16", "false", "--output-dir", str(out), "--planner_url", f"{server.url}/v1"),
+        ]
+        assert main(["train", *flags]) == 0
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    names = [adapter_name(run_id, k) for k in range(3)]
+    assert [load.name for load in vllm.loads] == names  # none after the last update
+    for k, name in enumerate(names):  # no completion names an adapter before it was loaded
+        loaded = vllm.events.index(f"load:{name}")
+        assert f"complete:{name}" not in vllm.events[:loaded], k
+    versions: dict[str, set[str]] = defaultdict(set)
+    for line in (out / "rollouts.jsonl").read_text().splitlines():
+        rollout = json.loads(line)
+        for call in rollout["transitions"]:
+            if call["node"] == "planner":
+                versions[rollout["trajectory_id"].split(":")[0]].add(call["policy_version"])
+    # step 1 was sampled under step 0's adapter while update 1 ran; step 2 under 1's or 2's
+    assert versions["step0"] == {names[0]} and versions["step1"] == {names[0]}
+    assert versions["step2"] in ({names[1]}, {names[2]})
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["flow/staleness"] for r in records][:2] == [0.0, 1.0]
+    assert records[1]["flow/stale_rows"] == 2.0  # 1 question x G=2, 1 turn, importance-corrected
+    assert all(r["flow/row_staleness_max"] <= 1 for r in records)

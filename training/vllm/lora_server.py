@@ -271,21 +271,26 @@ class ServerGeneration:
         base = served_base_name(config.planner_url, config.engine_url, config.engine)
         return cls.at(config.planner_url, config.adapter_dir or out / "adapters", base=base)
 
-    def current(self, trainer: Any, node: str | None = None) -> str:
-        """Return the name of the adapter that holds the trainer's weights now (`node`'s)."""
-        run_id = getattr(trainer.source, "run_id", None)
-        return adapter_name(run_id, trainer.state.global_step, node)
+    def current(self, trainer: Any, node: str | None = None, version: int | None = None) -> str:
+        """Return the name of the adapter holding the trainer's weights (`node`'s).
 
-    def names(self, trainer: Any) -> dict[str, str]:
+        Now, or after `version` updates.
+        """
+        run_id = getattr(trainer.source, "run_id", None)
+        step = trainer.state.global_step if version is None else version
+        return adapter_name(run_id, step, node)
+
+    def names(self, trainer: Any, version: int | None = None) -> dict[str, str]:
         """Return the served name of each adapter of the trainer's model, by adapter name.
 
         The planner trained alone: PEFT's `default` adapter; several trained nodes
-        (`trainer.roles`): one adapter per node, named after it.
+        (`trainer.roles`): one adapter per node, named after it. `version`: the names after
+        that many updates (default: now).
         """
         roles = getattr(trainer, "roles", None)
         if roles is None:
-            return {SINGLE: self.current(trainer)}
-        return {node: self.current(trainer, node) for node in roles.nodes}
+            return {SINGLE: self.current(trainer, version=version)}
+        return {node: self.current(trainer, node, version) for node in roles.nodes}
 
     def live_policy(self, trainer: Any, model: Any) -> ServerPolicy | NodePolicies:
         """Return the policy of this step's rollouts, pushing the adapters it names first.
@@ -310,11 +315,30 @@ class ServerGeneration:
                 "train with lora on, or for full fine-tuning generate with TRL's vLLM path "
                 "(use_vllm with vllm_mode server or colocate)"
             )
-        names = self.names(trainer)
+        version = int(trainer.state.global_step)
+        self.publish_at(trainer, model, version)
+        return self.policy_at(trainer, version, model.get_input_embeddings().num_embeddings)
+
+    def publish_at(self, trainer: Any, model: Any, version: int) -> None:
+        """Push the adapters of `model` as they are after `version` updates (once a version).
+
+        Raises:
+            AdapterError: the server could not take an adapter (on every process).
+
+        """
+        if self.published != version:
+            several = getattr(trainer, "roles", None) is not None
+            self._publish(trainer, model, self.names(trainer, version), base=several)
+            self.published = version
+
+    def policy_at(self, trainer: Any, version: int, vocab_size: int) -> ServerPolicy | NodePolicies:
+        """Return the policy sampling under the adapters of `version`, pushed before.
+
+        It pushes nothing: the asynchronous producer samples with it while the trainer pushes
+        newer ones.
+        """
+        names = self.names(trainer, version)
         several = getattr(trainer, "roles", None) is not None
-        if self.published != trainer.state.global_step:
-            self._publish(trainer, model, names, base=several)
-            self.published = trainer.state.global_step
         wanted = [*names.values(), *([str(self.base)] if several else [])]
         for stale in [name for name in self.policies if name not in wanted]:
             self.policies.pop(stale).close()
@@ -324,7 +348,7 @@ class ServerGeneration:
                     self.server.url,
                     name,
                     tokenizer=trainer.processing_class,
-                    vocab_size=model.get_input_embeddings().num_embeddings,
+                    vocab_size=vocab_size,
                     api_key_env=self.server.api_key_env,
                     timeout_s=self.server.timeout_s,
                     version=name if name != self.base else None,  # the base: `<name>@server`
