@@ -14,7 +14,7 @@ How it fits TRL's loop (one generation batch per optimizer step, TRL's default l
    answer the questions TRL handed that step. Rows older than the weights being trained are
    importance-corrected as the server path's stale rows are
    (`vllm.correction.correct_stale_rows`: the ratio's denominator becomes the trainer's
-   logprobs now, the gap to the sampler truncated at TRL's `vllm_importance_sampling_clip_max`).
+   logprobs now, the gap to the sampler truncated at `stale_importance_cap`).
 4. After each update the trainer `publish`es its trainable weights (a clone: the copy is the
    only time either side waits for the other); the producer loads them between steps.
 
@@ -47,7 +47,7 @@ from flowlearn.training.trajectories import DROPPED, Trajectory
 
 logger = logging.getLogger(__name__)
 
-VERSION = re.compile(r"@(\d+)(?::[^@]*)?$|^flow-.+-step(\d+)(?:-[^-]+)?$")
+VERSION = re.compile(r"@(\d+)(?::[^@]*)?$|^flow-.+?-step(\d+)(?:-.*)?$")
 """A trained policy's version: `<output_dir>@<step>[:<node>]` or `flow-<run>-step<k>[-<node>]`."""
 
 DEFAULT_CAP = 2.0
@@ -356,6 +356,8 @@ class AsyncRollouts(TrainerCallback):
         self.trainer = trainer
         self.producer: RolloutProducer | None = None
         self.lookahead: Lookahead | None = None
+        self._handle: Any = None  # the snapshot's, while the producer runs
+        self.vocab_size = 0  # on a server: the trained model's embedding rows
 
     @classmethod
     def attach(cls, trainer: Any) -> AsyncRollouts | None:
@@ -382,7 +384,7 @@ class AsyncRollouts(TrainerCallback):
             return samples, trainer._get_num_items_in_batch(samples, device)
         producer = self.start()
         step = int(trainer.state.global_step)
-        steps_left = int(trainer.args.max_steps) - step - 1 if trainer.args.max_steps > 0 else 1
+        steps_left = int(trainer.state.max_steps) - step - 1  # set from epochs too, by then
         ahead = max(0, min(trainer.max_staleness, steps_left))
         self.lookahead.fill(ahead * count)
         batches = [samples[0]]
@@ -438,7 +440,7 @@ class AsyncRollouts(TrainerCallback):
                 rank=trainer.accelerator.process_index,
                 progress=False,
             )
-        handle = getattr(self, "_handle", None)
+        handle = self._handle
         if handle is None or handle.model is not model:
             self._handle = handle = ModelHandle(model, trainer.processing_class)
         policy: Any = HFPolicy.on(handle, version=f"{trainer.args.output_dir}@{version}")
@@ -534,7 +536,7 @@ class AsyncRollouts(TrainerCallback):
         trainer = self.trainer
         live = trainer.accelerator.unwrap_model(trainer.model)
         version = int(trainer.state.global_step)
-        if 0 < trainer.args.max_steps <= version:  # the last update: no rollout samples it
+        if int(trainer.state.max_steps) <= version:  # the last update: no rollout samples it
             return
         if trainer.server is not None:  # pushed here, on the trainer's thread, before it is named
             trainer.server.publish_at(trainer, live, version)
@@ -543,10 +545,22 @@ class AsyncRollouts(TrainerCallback):
         self.producer.publish(version, trainable_state(live))
 
     def stop(self) -> None:
-        """Stop the producer; rollouts in flight are dropped, never trained."""
+        """Stop the producer; rollouts in flight are dropped, never trained.
+
+        It waits for the step in flight to end (at most `producer_stall_s`), so that nothing
+        samples or writes after training returns, and lets go of the snapshot.
+        """
         if self.producer is not None:
             self.producer.stop()
+            self.producer.thread.join(self.producer.stall_after)
+            if self.producer.thread.is_alive():
+                logger.warning(
+                    "the rollout producer is still in a step %.0f s after training ended",
+                    self.producer.stall_after,
+                )
+            self.producer.snapshot = None
             self.producer = None
+        self._handle = None
 
 
 def drop_too_stale(trajectories: list[Trajectory], oldest: int, trained: str) -> int:

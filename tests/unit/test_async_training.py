@@ -156,7 +156,19 @@ def test_a_snapshot_runs_its_own_weights_after_trl_patched_the_forward(
 
 @pytest.mark.parametrize(
     ("policy_version", "expected"),
-    [("out@3", 3), ("out@0", 0), ("runs/a@b@12", 12), ("out@2:base", 2), ("x", None), (None, None)],
+    [
+        ("out@3", 3),
+        ("out@0", 0),
+        ("runs/a@b@12", 12),
+        ("out@2:base", 2),
+        ("out@5:verifier", 5),
+        ("flow-ab12-step7", 7),
+        ("flow-ab12-step7-verifier", 7),
+        ("flow-ab12-step3-web-search", 3),  # node names may hold hyphens
+        ("Qwen/Qwen2.5-7B@server", None),  # a served base: not a trained version
+        ("x", None),
+        (None, None),
+    ],
 )
 def test_versions_are_read_from_the_transitions(policy_version: Any, expected: Any) -> None:
     assert version_of(policy_version) == expected
@@ -360,3 +372,15 @@ def test_flowlearn_train_runs_off_policy_and_resumes_without_training_a_step_twi
     records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["flow/row_staleness_max"] <= 1 for r in records)
+
+
+@pytest.mark.slow
+def test_a_run_set_by_epochs_rolls_out_no_step_it_will_not_train(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    trainer, store = online(tmp_path, tiny_model_dir, max_steps=-1, num_train_epochs=1.5)
+    trainer.train()
+    assert trainer.state.global_step == 3  # 4 questions, 2 a step: 1.5 epochs
+    steps = {r.trajectory_id.split(":", 1)[0] for r in store.load()}
+    assert steps == {"step0", "step1", "step2"}
+    assert trainer.rollouts_ahead.producer is None and trainer.rollouts_ahead._handle is None

@@ -121,7 +121,8 @@ def correct_stale_rows(
     metrics = trainer._metrics["train"]
     metrics["flow/stale_rows"].append(float(len(stale)))
     args = trainer.args
-    if not stale or not getattr(args, "vllm_importance_sampling_correction", True):
+    trl_switch = getattr(args, "vllm_importance_sampling_correction", True)
+    if not stale or (settings is None and not trl_switch):  # asynchronous rollouts: always
         return len(stale)
     model = trainer.accelerator.unwrap_model(trainer.model)
     weights: list[float] = []

@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,9 @@ class ServerGeneration:
     published: int | None = None
     """The step whose adapters the server holds (None: none yet)."""
     policies: dict[str, ServerPolicy] = field(default_factory=dict)
-    """The current step's policies, by the served name they request."""
+    """The policies of the versions the server keeps loaded, by the served name they request."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held while `policy_at` opens and closes policies."""
 
     @classmethod
     def at(
@@ -340,7 +343,26 @@ class ServerGeneration:
         names = self.names(trainer, version)
         several = getattr(trainer, "roles", None) is not None
         wanted = [*names.values(), *([str(self.base)] if several else [])]
-        for stale in [name for name in self.policies if name not in wanted]:
+        with self.lock:  # the producer's thread and an evaluation on the trainer's
+            return self._policy_at(trainer, version, vocab_size, names, wanted, several)
+
+    def _policy_at(
+        self,
+        trainer: Any,
+        version: int,
+        vocab_size: int,
+        names: dict[str, str],
+        wanted: list[str],
+        several: bool,
+    ) -> ServerPolicy | NodePolicies:
+        # Close only the versions the server no longer keeps loaded: a newer call (an
+        # evaluation's) must not close the policies an older one's rollouts still use.
+        kept = {
+            name
+            for back in range(self.server.keep)
+            for name in self.names(trainer, version - back).values()
+        }
+        for stale in [n for n in self.policies if n not in kept and n != str(self.base)]:
             self.policies.pop(stale).close()
         for name in wanted:
             if name not in self.policies:
