@@ -320,8 +320,8 @@ def check_async(trainer: Any) -> None:
         )
     if int(getattr(trainer, "num_iterations", 1)) != 1:
         problems.append(f"num_iterations {trainer.num_iterations}: one pass per generation")
-    if engine_on_trained_model(trainer):
-        problems.append("an engine that runs on the trained model itself (engine: base)")
+    if engine_on_trained_model(trainer) and trainer.model_handle is None:
+        problems.append("an engine on the trained model whose handle the trainer was not given")
     if problems:
         raise ValueError(
             f"max_staleness {staleness} (asynchronous rollouts) does not run with: "
@@ -333,7 +333,8 @@ def check_async(trainer: Any) -> None:
 def engine_on_trained_model(trainer: Any) -> bool:
     """Whether the fixed engine decodes on the trained model (its frozen base under LoRA).
 
-    Its calls would run on the weights the trainer is updating, adapters toggled under it. A
+    Its calls would run on the weights the trainer is updating, adapters toggled under it, so
+    under `max_staleness` its handle moves onto the producer's snapshot (`AsyncRollouts`). A
     `FlowGRPOConfig` says so with `engine: base` (TRL's shape, `flowlearn train`); under any
     other config, `online` was given a `handle` the caller shares with other policies.
     """
@@ -357,6 +358,10 @@ class AsyncRollouts(TrainerCallback):
         self.producer: RolloutProducer | None = None
         self.lookahead: Lookahead | None = None
         self._handle: Any = None  # the snapshot's, while the producer runs
+        self.shared: tuple[Any, Any] | None = None
+        """An engine on the trained model (`engine: base`): its handle, and the model it had.
+        While the producer runs, the handle holds the snapshot, so the engine's calls and the
+        planner's share one model and one lock, and never touch the weights being trained."""
         self.vocab_size = 0  # on a server: the trained model's embedding rows
 
     @classmethod
@@ -405,6 +410,10 @@ class AsyncRollouts(TrainerCallback):
         snapshot = None
         if trainer.server is None:
             snapshot = snapshot_of(live)
+            if engine_on_trained_model(trainer):  # the engine's handle: on the snapshot too
+                self.shared = (trainer.model_handle, trainer.model_handle.model)
+                trainer.model_handle.model = snapshot
+                self._handle = trainer.model_handle
         else:  # the server samples: its adapters, pushed per version, kept while in use
             self.vocab_size = int(live.get_input_embeddings().num_embeddings)
             adapters = trainer.server.server
@@ -561,6 +570,9 @@ class AsyncRollouts(TrainerCallback):
             self.producer.snapshot = None
             self.producer = None
         self._handle = None
+        if self.shared is not None:  # the engine's handle back on the trained model
+            handle, model = self.shared
+            handle.model, self.shared = model, None
 
 
 def drop_too_stale(trajectories: list[Trajectory], oldest: int, trained: str) -> int:

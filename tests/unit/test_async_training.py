@@ -384,3 +384,32 @@ def test_a_run_set_by_epochs_rolls_out_no_step_it_will_not_train(
     steps = {r.trajectory_id.split(":", 1)[0] for r in store.load()}
     assert steps == {"step0", "step1", "step2"}
     assert trainer.rollouts_ahead.producer is None and trainer.rollouts_ahead._handle is None
+
+
+@pytest.mark.slow
+def test_the_frozen_base_as_engine_runs_on_the_producers_snapshot(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import json
+
+    from flowlearn.cli import main
+
+    out = tmp_path / "lora"
+    flags = [
+        *("--planner", str(tiny_model_dir), "--benchmark", "gameof24", "--limit", "6"),
+        *("--num_generations", "2", "--questions-per-step", "2", "--max-turns", "1"),
+        *("--max_completion_length", "8", "--engine-max-new-tokens", "8", "--max-steps", "3"),
+        *("--lora", "--engine", "base", "--learning_rate", "0.01", "--max_staleness", "1"),
+        *("--bf16", "false", "--output-dir", str(out)),
+    ]
+    assert main(["train", *flags]) == 0
+    assert (out / "final-adapter" / "adapter_config.json").exists()
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").open()]
+    assert {r["trajectory_id"].split(":", 1)[0] for r in rollouts} == {"step0", "step1", "step2"}
+    for rollout in rollouts:
+        step = int(rollout["trajectory_id"].split(":", 1)[0].removeprefix("step"))
+        planner = [t for t in rollout["transitions"] if t["node"] == "planner"]
+        assert all(step - 1 <= version_of(t["policy_version"]) <= step for t in planner)
+        assert rollout["transitions"][-1]["node"] == "generator"  # the engine answered
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert records[1]["flow/staleness"] == 1
