@@ -389,3 +389,26 @@ def test_mask_truncated_completions_leaves_cut_off_turns_out_of_the_step(
     # a random tiny planner rambles to its budget of 8 tokens: those turns are not trained on
     assert record["flow/rows_truncated"] > 0
     assert record["flow/rows"] + record["flow/rows_truncated"] == 4  # 2 questions x G=2, 1 turn
+
+
+@pytest.mark.slow
+def test_trls_shape_trains_one_step_off_policy(tiny_model_dir: Path, tmp_path: Path) -> None:
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": f"What is {i} + {i}?", "solution": str(2 * i)} for i in range(6)]
+    )
+
+    def answer_length(completions: list[str], **kwargs: Any) -> list[float]:
+        return [len(c) % 3 / 2 for c in completions]  # varies, so the groups train
+
+    trainer = FlowGRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=[answer_length],
+        args=flow_config(tmp_path / "out", max_steps=3, max_staleness=1),
+        train_dataset=dataset,
+    )
+    assert trainer.max_staleness == 1 and trainer.rollouts_ahead is not None
+    trainer.train()
+    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[1]["flow/staleness"] == 1 and records[1]["flow/stale_rows"] > 0
+    assert all(r["flow/row_staleness_max"] <= 1 for r in records)
