@@ -1,15 +1,11 @@
-"""Asynchronous Flow-GRPO: rollouts made while the trainer updates, `max_staleness` behind.
-
-A producer thread rolls out the next steps' questions while the trainer updates, with weights
-at most `max_staleness` policy versions old.
+"""Asynchronous Flow-GRPO: a producer thread rolls the next steps out while the trainer updates.
 
 How it fits TRL's loop (one generation batch per optimizer step, TRL's default layout):
 1. `FlowGRPOTrainer.get_batch_samples` reads TRL's epoch iterator `max_staleness` steps ahead
    (`Lookahead`) and hands each step's questions to the producer (`submit`), in TRL's order.
-2. The producer rolls step j out with the newest weights it has been given, waiting first until
-   they are at least version `j - max_staleness` (version = updates done). So step j's rows
-   were sampled `j - version <= max_staleness` updates ago; at 0 it waits for every update and
-   the loop is today's synchronous one.
+2. The producer rolls step j out with the newest weights it has, waiting until they are at least
+   version `j - max_staleness` (version = updates done): step j's rows were sampled at most
+   `max_staleness` updates ago (0 would wait for every update: the synchronous loop).
 3. `_generate_and_score_completions` takes step j's rollouts (`take`), after checking that they
    answer the questions TRL handed that step. Rows older than the weights being trained are
    importance-corrected as the server path's stale rows are
@@ -71,10 +67,8 @@ class Produced:
     version: int
     """The weights that sampled them: updates done when the step's rollouts began."""
     trajectories: list[Trajectory]
-    seconds: float
-    """How long the rollouts took."""
-    waited: float
-    """How long the producer waited for weights within the staleness bound first."""
+    seconds: float  # the rollouts' wall time
+    waited: float  # the producer's wait for weights within the staleness bound, before them
 
 
 def snapshot_of(model: Any) -> Any:
