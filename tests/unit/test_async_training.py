@@ -413,3 +413,68 @@ def test_the_frozen_base_as_engine_runs_on_the_producers_snapshot(
         assert rollout["transitions"][-1]["node"] == "generator"  # the engine answered
     records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     assert records[1]["flow/staleness"] == 1
+
+
+def test_stale_rows_of_each_node_are_scored_under_that_nodes_adapter(
+    tiny_model_dir: Path,
+) -> None:
+    import collections
+    import types
+
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+
+    from flowlearn.engine.adapters import active_adapter, switch_adapter
+    from flowlearn.training.producer import AsyncRollouts
+    from flowlearn.training.roles import with_node_adapters
+    from flowlearn.training.rows import FlowGRPORow
+
+    def settings() -> LoraConfig:  # random B: each adapter scores its own way
+        return LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = with_node_adapters(base, {"planner": settings(), "verifier": settings()})
+
+    def logps(model: Any, ids: Any, mask: Any, keep: int, batch_size: Any = None) -> Any:
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -keep - 1 : -1].float()
+        return torch.log_softmax(logits, -1).gather(-1, ids[:, -keep:, None])[..., 0], None, None
+
+    trainer = types.SimpleNamespace(
+        args=types.SimpleNamespace(
+            output_dir="out", stale_importance_cap=2.0, per_device_train_batch_size=4
+        ),
+        state=types.SimpleNamespace(global_step=2),
+        roles=types.SimpleNamespace(nodes=("planner", "verifier")),
+        accelerator=types.SimpleNamespace(unwrap_model=lambda m: m, device="cpu"),
+        processing_class=types.SimpleNamespace(pad_token_id=0),
+        model=model,
+        server=None,
+        _metrics={"train": collections.defaultdict(list)},
+        _get_per_token_logps_and_entropies=logps,
+    )
+    rows = [
+        FlowGRPORow(
+            "t",
+            "g",
+            0,
+            [5, 6, 7],
+            [8, 9, 10],
+            [-3.0] * 3,
+            1.0,
+            1.0,
+            1.0,
+            node=node,
+            policy_version=f"out@1:{node}",
+        )
+        for node in ("planner", "verifier")
+    ]
+    switch_adapter(model, "verifier")  # as the previous step's last loss part leaves it
+    rolls = AsyncRollouts.__new__(AsyncRollouts)
+    rolls.trainer = trainer
+    rolls.correct(rows)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    for row in rows:
+        with torch.no_grad(), active_adapter(model, row.node):
+            truth = logps(model, ids, torch.ones_like(ids), 3)[0][0]
+        assert torch.allclose(torch.tensor(row.old_logprobs), truth, atol=1e-5), row.node
+        assert row.token_scales is not None and max(row.token_scales) <= 2.0
