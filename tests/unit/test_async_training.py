@@ -244,6 +244,10 @@ def test_a_producer_crash_mid_run_keeps_the_last_checkpoint(
     checkpoint = Path(trainer.args.output_dir) / "checkpoint-2"
     assert (checkpoint / "model.safetensors").is_file()
     assert rolls.producer is None  # stopped
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoint)  # the last checkpoint loads
+    assert all(torch.isfinite(p).all() for p in loaded.parameters())
 
 
 @pytest.mark.parametrize(
