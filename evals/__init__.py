@@ -6,8 +6,9 @@ options list load without the harness, its graph runner or LangChain.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from flowlearn.lazy import lazy_attribute, lazy_dir
 
 if TYPE_CHECKING:
     from flowlearn.evals.benchmarks import BENCHMARKS, Benchmark, load_benchmark, score_case
@@ -32,17 +33,12 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     """Import a public name from its module on first use, and keep it."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(name, _LAZY, globals())
 
 
 def __dir__() -> list[str]:
     """List the public names beside the module's own."""
-    return sorted({*globals(), *_LAZY})
+    return lazy_dir(_LAZY, globals())
 
 
 __all__ = [

@@ -7,8 +7,9 @@ module on first use (PEP 562): the schema's names do not pull in LangGraph.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from flowlearn.lazy import lazy_attribute, lazy_dir
 
 if TYPE_CHECKING:
     from flowlearn.graphs.agentflow import as_policy, build_agentflow
@@ -62,17 +63,12 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     """Import a public name from its module on first use, and keep it."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(name, _LAZY, globals())
 
 
 def __dir__() -> list[str]:
     """List the public names beside the module's own."""
-    return sorted({*globals(), *_LAZY})
+    return lazy_dir(_LAZY, globals())
 
 
 __all__ = [
