@@ -7,6 +7,7 @@ the Studio and localhost origins get a CORS grant; a foreign page's requests are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -49,13 +51,16 @@ FOREIGN = (
 )
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    tmp_path = tmp_path_factory.mktemp("studio")
+@contextlib.contextmanager
+def langgraph_dev(cwd: Path, env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """Run `langgraph dev` on 127.0.0.1 from `cwd` until the block ends; yield its URL.
+
+    Raises:
+        RuntimeError: the server did not answer `/ok` within 90 s, with its log's tail.
+
+    """
     port = free_port()
-    env = {**os.environ, "FLOWLEARN_PLANNER": str(tiny_model_dir), "LANGSMITH_TRACING": "false"}
-    env.pop("FLOWLEARN_STUDIO_PYTHON", None)
-    log = (tmp_path / "server.log").open("w")
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [
             str(CLI),
@@ -67,7 +72,7 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # t
             str(port),
             "--no-reload",
         ],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -84,7 +89,7 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # t
             except OSError:
                 pass
             if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError((tmp_path / "server.log").read_text()[-3000:])
+                raise RuntimeError(log_path.read_text()[-3000:])
             time.sleep(0.5)
         yield url
     finally:
@@ -94,6 +99,15 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # t
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    tmp_path = tmp_path_factory.mktemp("studio")
+    env = {**os.environ, "FLOWLEARN_PLANNER": str(tiny_model_dir), "LANGSMITH_TRACING": "false"}
+    env.pop("FLOWLEARN_STUDIO_PYTHON", None)
+    with langgraph_dev(ROOT, env, tmp_path / "server.log") as url:
+        yield url
 
 
 def test_langgraph_dev_serves_the_flow(server: str) -> None:

@@ -7,19 +7,15 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import textwrap
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("trl")
 
-from test_studio import CLI, free_port
+from test_studio import CLI, langgraph_dev
 from tiny_model import build_tiny_model
 
 pytestmark = [
@@ -131,46 +127,16 @@ def test_langgraph_dev_serves_a_trained_app_from_its_own_folder(tmp_path: Path) 
     (app / "my_app" / "trained.py").write_text(trained)
     graphs = {"my_app": "./my_app/trained.py:graph"}
     (app / "langgraph.json").write_text(json.dumps({"dependencies": ["."], "graphs": graphs}))
-    port = free_port()
     env = {**os.environ, "LANGSMITH_TRACING": "false", "PYTHONPATH": str(app)}
-    log = (tmp_path / "server.log").open("w")
-    command = [str(CLI), "dev", "--no-browser", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        [*command, "--no-reload"],
-        cwd=app,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ok", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError((tmp_path / "server.log").read_text()[-3000:])
-            time.sleep(0.5)
 
-        async def ask() -> dict:
-            client = get_client(url=url)
-            thread = await client.threads.create()
-            question = {"messages": [{"role": "user", "content": "How tall is Everest?"}]}
-            return await client.runs.wait(thread["thread_id"], "my_app", input=question)
+    async def ask(url: str) -> dict:
+        client = get_client(url=url)
+        thread = await client.threads.create()
+        question = {"messages": [{"role": "user", "content": "How tall is Everest?"}]}
+        return await client.runs.wait(thread["thread_id"], "my_app", input=question)
 
-        state = asyncio.run(ask())
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    with langgraph_dev(app, env, tmp_path / "server.log") as url:
+        state = asyncio.run(ask(url))
     assert "__error__" not in state, (state, (tmp_path / "server.log").read_text()[-2000:])
     messages = state["messages"]
     assert messages[0]["content"] == "How tall is Everest?"
