@@ -424,31 +424,18 @@ class AsyncRollouts(TrainerCallback):
 
     def roll(self, model: Any, cases: list[Case], step: int, version: int) -> list[Trajectory]:
         """One step's rollouts on the producer's snapshot, versioned as the live policy is."""
-        from flowlearn.engine.adapters import node_policies
-        from flowlearn.engine.local import HFPolicy
         from flowlearn.engine.tokens import ModelHandle
-        from flowlearn.training.roles import own_sampling
+        from flowlearn.training.roles import local_policy, sampled_by_role
 
         trainer = self.trainer
         if trainer.server is not None:  # under the adapters of `version`, pushed by `publish`
-            served: Any = trainer.server.policy_at(trainer, version, self.vocab_size)
-            if trainer.roles is not None:
-                served = own_sampling(served, trainer.roles)
-            return trainer.source.run(  # type: ignore[no-any-return]
-                served,
-                cases,
-                group_size=trainer.group_size,
-                context=trainer.flow_context,
-                step=step,
-                rank=trainer.accelerator.process_index,
-                progress=False,
-            )
-        handle = self._handle
-        if handle is None or handle.model is not model:
-            self._handle = handle = ModelHandle(model, trainer.processing_class)
-        policy: Any = HFPolicy.on(handle, version=f"{trainer.args.output_dir}@{version}")
-        if trainer.roles is not None:
-            policy = own_sampling(node_policies(policy, trainer.roles.nodes), trainer.roles)
+            served = trainer.server.policy_at(trainer, version, self.vocab_size)
+            policy = sampled_by_role(served, trainer.roles)
+        else:
+            if self._handle is None or self._handle.model is not model:
+                self._handle = ModelHandle(model, trainer.processing_class)
+            tag = f"{trainer.args.output_dir}@{version}"
+            policy = local_policy(self._handle, tag, trainer.roles)
         return trainer.source.run(  # type: ignore[no-any-return]
             policy,
             cases,

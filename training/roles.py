@@ -26,8 +26,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from flowlearn.engine.adapters import NodePolicies, NodeSampling, adapter_names, check_node_name
+from flowlearn.engine.adapters import (
+    NodePolicies,
+    NodeSampling,
+    adapter_names,
+    check_node_name,
+    node_policies,
+)
+from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.sampling import MAX_NEW_TOKENS
+from flowlearn.engine.tokens import ModelHandle
 from flowlearn.errors import brief
 from flowlearn.training.rows import FlowGRPOBatch, Mode, build_flow_grpo_rows
 from flowlearn.training.trajectories import Trajectory
@@ -335,3 +343,24 @@ def own_sampling(nodes: NodePolicies, roles: TrainedRoles) -> NodePolicies:
         for n, p in nodes.items()
     }
     return NodePolicies(tuned, nodes.base)
+
+
+def sampled_by_role(policy: Any, roles: TrainedRoles | None) -> Any:
+    """Return `policy` as rollouts sample it.
+
+    With several trained nodes each node gets its own top-p and token budget (`own_sampling`);
+    one trained policy stays as it is.
+    """
+    return policy if roles is None else own_sampling(policy, roles)
+
+
+def local_policy(handle: ModelHandle, version: str, roles: TrainedRoles | None) -> Any:
+    """Return the trained model's policy on `handle`, versioned `version`.
+
+    With several trained nodes it is a `NodePolicies`: each node under its own adapter, with
+    its own sampling, and the others on the base (every adapter off).
+    """
+    policy = HFPolicy.on(handle, version=version)
+    if roles is None:
+        return policy
+    return own_sampling(node_policies(policy, roles.nodes), roles)

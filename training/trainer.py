@@ -36,8 +36,6 @@ from langchain_core.tools import BaseTool
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
-from flowlearn.engine.adapters import node_policies
-from flowlearn.engine.local import HFPolicy
 from flowlearn.engine.protocol import NodeBinding, Policy
 from flowlearn.engine.saved_adapters import write_adapters_record
 from flowlearn.engine.tokens import ModelHandle
@@ -73,9 +71,10 @@ from flowlearn.training.rewards import RewardFunc
 from flowlearn.training.roles import (
     TrainedRoles,
     load_node_checkpoint,
+    local_policy,
     node_learning_rates,
-    own_sampling,
     role_rows,
+    sampled_by_role,
 )
 from flowlearn.training.rollouts import (
     Outcome,
@@ -511,15 +510,11 @@ def live_policy(trainer: Any, model: Any) -> Policy | NodeBinding:
     version = f"{trainer.args.output_dir}@{trainer.state.global_step}"
     roles: TrainedRoles | None = trainer.roles
     if trainer.server is not None:  # on the server, under this step's adapter (each node's)
-        served: Any = trainer.server.live_policy(trainer, model)  # several nodes: `NodePolicies`
-        return served if roles is None else own_sampling(served, roles)
+        served = trainer.server.live_policy(trainer, model)  # several nodes: `NodePolicies`
+        return sampled_by_role(served, roles)  # type: ignore[no-any-return]
     if trainer.vllm is not None:  # TRL's vLLM engine, weights synced each step
         return trainer.vllm.policy(trainer, version)  # type: ignore[no-any-return]
-    policy = HFPolicy.on(trainer.model_handle, version=version)
-    if roles is None:
-        return policy
-    nodes = node_policies(policy, roles.nodes)  # an adapter each, the base beside them
-    return own_sampling(nodes, roles)
+    return local_policy(trainer.model_handle, version, roles)  # type: ignore[no-any-return]
 
 
 def stop_if_not_finite(name: str, value: Any, step: int) -> None:
