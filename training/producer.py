@@ -131,10 +131,19 @@ class Lookahead:
         self.buffer: deque[Any] = deque()
         self.ended = False
 
+    def __iter__(self) -> Lookahead:
+        return self
+
+    def __next__(self) -> Any:
+        """Return the next item, read ahead or not (TRL's `get_batch_samples` takes them)."""
+        self.fill(1)
+        if not self.buffer:
+            raise StopIteration
+        return self.buffer.popleft()
+
     def take(self, count: int) -> list[Any]:
         """Return the next `count` items (fewer at the epoch's end)."""
-        self.fill(count)
-        return [self.buffer.popleft() for _ in range(min(count, len(self.buffer)))]
+        return [item for _, item in zip(range(count), self, strict=False)]
 
     def fill(self, count: int) -> None:
         """Read until `count` items wait in the buffer, or the epoch ends."""
@@ -371,16 +380,20 @@ class AsyncRollouts(TrainerCallback):
         trainer.add_callback(rollouts)
         return rollouts
 
-    def batch_samples(
-        self, epoch_iterator: Iterator[Any], count: int, device: Any
-    ) -> tuple[list[Any], Any]:
-        """TRL's `get_batch_samples`, reading `max_staleness` steps ahead for the producer."""
-        trainer = self.trainer
+    def reading(self, epoch_iterator: Iterator[Any]) -> Lookahead:
+        """Return TRL's epoch iterator read ahead: the one given to `get_batch_samples`."""
         if self.lookahead is None or self.lookahead.iterator is not epoch_iterator:
             self.lookahead = Lookahead(epoch_iterator)  # a new epoch (or the first)
-        samples = self.lookahead.take(count)
-        if not samples:
-            return samples, trainer._get_num_items_in_batch(samples, device)
+        return self.lookahead
+
+    def hand_over(self, samples: list[Any], count: int) -> None:
+        """Give the producer this step's questions and up to `max_staleness` steps' after it.
+
+        `samples` are this step's `count` batches, TRL's generation batch repeated.
+        """
+        if not samples or self.lookahead is None:
+            return
+        trainer = self.trainer
         producer = self.start()
         step = int(trainer.state.global_step)
         steps_left = int(trainer.state.max_steps) - step - 1  # set from epochs too, by then
@@ -391,7 +404,6 @@ class AsyncRollouts(TrainerCallback):
         batches += [self.lookahead.peek(i * count) for i in range(ready)]
         for offset, batch in enumerate(batches[: ahead + 1]):
             producer.submit(step + offset, questions_of(batch))
-        return samples, trainer._get_num_items_in_batch(samples, device)
 
     def start(self) -> RolloutProducer:
         """Start the producer on a snapshot of the weights as they are now."""

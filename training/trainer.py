@@ -393,7 +393,10 @@ class FlowGRPOTrainer(GRPOTrainer):
         """TRL's; under `max_staleness` the next steps' questions go to the producer early."""
         if self.rollouts_ahead is None:
             return super().get_batch_samples(epoch_iterator, num_batches, device)
-        return self.rollouts_ahead.batch_samples(epoch_iterator, num_batches, device)
+        reading = self.rollouts_ahead.reading(epoch_iterator)
+        samples, items = super().get_batch_samples(reading, num_batches, device)
+        self.rollouts_ahead.hand_over(samples, num_batches)
+        return samples, items
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """TRL's `train`; asynchronous rollouts stop with it, in flight ones dropped."""
