@@ -15,7 +15,15 @@ samples, and how AgentFlow evaluates) with `--seeds` seeds. Accuracy comes with 
 Wilson's for one greedy run, a bootstrap over questions for the mean of the sampled runs. The
 headline gain is the shipped planner at its defaults over the STRONGEST untrained configuration
 (the best one on this split, greedy and sampled each: a baseline chosen after the fact, which
-favours the baseline), with a paired bootstrap interval over questions. Writes
+favours the baseline), with a paired bootstrap interval over questions.
+
+The AgentFlow prompts are slow on the 135M model (each question runs all 10 turns, about 2.5
+CPU-minutes a question on 2 cores, against about 10 minutes for a whole greedy run of the
+`smollm2` prompts). So an untrained configuration runs `CHUNK` questions per run at a time and
+stops once, with every question left to run right, its mean accuracy still could not pass an
+untrained configuration measured in full: it cannot be the strongest baseline, so the headline
+does not depend on its rest. Its figure is that ceiling, an upper bound (`--no-curtail` runs it
+to the end). The shipped planner's runs always run to the end. Writes
 bench/results/learning.json (every run's per-question scores) and the runs under `--work`.
 """
 
@@ -59,19 +67,72 @@ SHIPPED = {
 CONFIGS = {**UNTRAINED, **SHIPPED}
 HEADLINE = "shipped"
 BOOTSTRAP = 4000
+CHUNK = 16
+"""Questions per run between two curtailment checks: `--concurrency`, one batch of flows."""
 
 
 def folder(work: Path, key: str, seed: int | None) -> Path:
     return work / f"{key}-{'greedy' if seed is None else f'seed{seed}'}"
 
 
-def finished(work: Path, key: str, seed: int | None, cases: int) -> dict[str, float] | None:
-    """A finished run's per-question scores, or None (absent, or cut short)."""
+def scores(work: Path, key: str, seed: int | None) -> dict[str, float]:
+    """A run's per-question scores so far (empty before it starts; torn lines skipped)."""
     results = folder(work, key, seed) / "results.jsonl"
     if not results.is_file():
-        return None
-    scores = {row.id: float(row.score) for row in read_results(results)}  # torn lines skipped
-    return scores if len(scores) == cases else None
+        return {}
+    return {row.id: float(row.score) for row in read_results(results)}
+
+
+def finished(work: Path, key: str, seed: int | None, cases: int) -> dict[str, float] | None:
+    """A finished run's per-question scores, or None (absent, or cut short)."""
+    found = scores(work, key, seed)
+    return found if len(found) == cases else None
+
+
+def ceiling(runs: list[dict[str, float]], cases: int) -> float:
+    """The best mean accuracy `runs` can still reach: every question not yet run, right."""
+    right = sum(sum(run.values()) for run in runs)
+    return (right + sum(cases - len(run) for run in runs)) / (cases * len(runs))
+
+
+def strongest_other(
+    work: Path, key: str, seeds: list[int | None], cases: int
+) -> tuple[str, float] | None:
+    """The most accurate untrained configuration other than `key` measured in full at `seeds`
+    (`[None]`: greedy), with its accuracy; None before one is."""
+    best: tuple[str, float] | None = None
+    for other in UNTRAINED:
+        runs = [finished(work, other, seed, cases) for seed in seeds]
+        if other == key or any(run is None for run in runs):
+            continue
+        accuracy = statistics.mean(statistics.mean(run.values()) for run in runs if run)
+        if best is None or accuracy > best[1]:
+            best = (other, accuracy)
+    return best
+
+
+def measure(
+    work: Path, key: str, seeds: list[int | None], cases: int, curtail: bool
+) -> tuple[str, float] | None:
+    """Runs configuration `key` at `seeds` (`[None]`: greedy) to the end; returns None then.
+
+    With `curtail`, an untrained configuration runs `CHUNK` more questions per run at a time,
+    and stops once even every remaining question right could not lift its mean accuracy to an
+    untrained configuration measured in full: it cannot be the strongest baseline, whatever
+    the rest would show. Returns that configuration and its accuracy.
+    """
+    while True:
+        runs = [scores(work, key, seed) for seed in seeds]
+        if all(len(run) == cases for run in runs):
+            return None
+        rival = strongest_other(work, key, seeds, cases) if key in UNTRAINED else None
+        if curtail and rival is not None and ceiling(runs, cases) < rival[1]:
+            return rival
+        step = cases if not curtail or rival is None else min(len(run) for run in runs) + CHUNK
+        for seed, run in zip(seeds, runs, strict=True):
+            if len(run) < min(step, cases):
+                print(f"{CONFIGS[key][0]}, {'greedy' if seed is None else f'seed {seed}'} ...")
+                eval_run(work, key, seed, min(step, cases))
 
 
 def ended(run: Path) -> str:
@@ -130,6 +191,82 @@ def gain(trained: dict[str, float], baseline: dict[str, float]) -> dict[str, Any
     return {"points": round(100 * statistics.mean(differences), 1), "ci95": bootstrap(differences)}
 
 
+def entry(work: Path, key: str, seeds: list[int], cases: int, curtail: bool) -> dict[str, Any]:
+    """Configuration `key`'s figures, greedy and sampled, from its runs' files: accuracy for a
+    decoding whose runs all finished; for one stopped early (`measure`), its ceiling."""
+    planner, prompts, analysis = CONFIGS[key][1]
+    found: dict[str, Any] = {
+        "key": key,
+        "planner": planner,
+        "prompts": prompts,
+        "query_analysis": analysis,
+        "per_question": {},
+        "finished": {  # the runs resume across sessions: when each one ended
+            folder(work, key, seed).name: ended(folder(work, key, seed))
+            for seed in [None, *seeds]
+            if finished(work, key, seed, cases) is not None
+        },
+    }
+    for decoding, runs in (("greedy", [None]), ("sampled", [*seeds])):
+        done = [finished(work, key, seed, cases) for seed in runs]
+        if all(run is not None for run in done):
+            complete = [run for run in done if run is not None]
+            found[decoding] = summary(complete, greedy=decoding == "greedy")
+            found["per_question"][decoding] = per_question(complete)
+            continue
+        partial = [scores(work, key, seed) for seed in runs]
+        rival = strongest_other(work, key, runs, cases) if key in UNTRAINED else None
+        if curtail and rival is not None and ceiling(partial, cases) < rival[1]:
+            found[decoding] = {
+                "ceiling": round(100 * ceiling(partial, cases), 1),
+                "right": round(sum(sum(run.values()) for run in partial), 2),
+                "questions_run": sum(len(run) for run in partial),
+                "of": cases * len(runs),
+                "below": CONFIGS[rival[0]][0],
+                "below_accuracy": round(100 * rival[1], 1),
+            }
+            found["stopped"] = found.get("stopped", {}) | {
+                folder(work, key, seed).name: ended(folder(work, key, seed))
+                for seed in runs
+                if scores(work, key, seed)
+            }
+    return found
+
+
+def figures(work: Path, seeds: list[int], cases: int, curtail: bool) -> dict[str, Any]:
+    """Every configuration's figures, and the shipped planner's gain over the strongest
+    untrained configuration measured in full, greedy and sampled (a paired bootstrap)."""
+    configurations = {CONFIGS[key][0]: entry(work, key, seeds, cases, curtail) for key in CONFIGS}
+    result: dict[str, Any] = {
+        "cases": cases,
+        "configurations": configurations,
+        "not_measured": [
+            f"{name}, {decoding}"
+            for name, found in configurations.items()
+            for decoding in ("greedy", "sampled")
+            if decoding not in found
+        ],
+    }
+    head = CONFIGS[HEADLINE][0]
+    for decoding in ("greedy", "sampled"):
+        names = [CONFIGS[key][0] for key in UNTRAINED]
+        measured = [n for n in names if "accuracy" in configurations[n].get(decoding, {})]
+        if decoding not in configurations[head] or not measured:
+            continue
+        strongest = max(measured, key=lambda name: configurations[name][decoding]["accuracy"])
+        trained = configurations[head]["per_question"][decoding]
+        baseline = configurations[strongest]["per_question"][decoding]
+        result[f"gain_{decoding}"] = {
+            "over": strongest,
+            "untrained_measured": measured,
+            "untrained_stopped": [
+                n for n in names if "ceiling" in configurations[n].get(decoding, {})
+            ],
+            **gain(trained, baseline),
+        }
+    return result
+
+
 def keys(text: str) -> list[str]:
     found = [key.strip() for key in text.split(",") if key.strip()]
     unknown = sorted(set(found) - set(CONFIGS))
@@ -144,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--greedy", default=every, help=f"configurations run greedy ({every})")
     parser.add_argument("--sampled", default=every, help="configurations run sampled (all)")
     parser.add_argument("--seeds", type=int, default=3, help="sampled runs per configuration (3)")
+    parser.add_argument(
+        "--no-curtail",
+        dest="curtail",
+        action="store_false",
+        help="run every untrained configuration to the end, even once it cannot be the strongest",
+    )
     parser.add_argument("--limit", type=int, help="the first N test questions (a smoke run)")
     parser.add_argument("--work", type=Path, default=Path("runs/bench-learning"))
     parser.add_argument("--out", type=Path, default=RESULTS / "learning.json")
@@ -155,60 +298,25 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{TEST_FILE} changed since it was recorded: it is no longer held out")
     seeds = list(range(1, args.seeds + 1))
     cases = args.limit or sum(1 for _ in TEST_FILE.open())
-    plan = [(key, None) for key in keys(args.greedy)]
-    plan += [(key, seed) for key in keys(args.sampled) for seed in seeds]
-    for key, seed in plan:
-        if finished(args.work, key, seed, cases) is None:
-            print(f"{CONFIGS[key][0]}, {'greedy' if seed is None else f'seed {seed}'} ...")
-            eval_run(args.work, key, seed, args.limit)
+    plan: list[tuple[str, list[int | None]]] = [(key, [None]) for key in keys(args.greedy)]
+    plan += [(key, [*seeds]) for key in keys(args.sampled)]
+    for key, runs in plan:
+        rival = measure(args.work, key, runs, cases, curtail=args.curtail)
+        if rival is not None:
+            decoding = "greedy" if runs == [None] else "sampled"
+            print(f"{CONFIGS[key][0]}, {decoding}: stopped, it cannot pass {CONFIGS[rival[0]][0]}")
     result: dict[str, Any] = provenance("learning.py", argv) | {
         "kind": "learning",
         "split": {"file": str(TEST_FILE.relative_to(RESULTS.parents[1])), "sha256": digest},
-        "settings": {"seeds": args.seeds, "temperature": 0.7, "max_turns": 10, "limit": args.limit},
-        "cases": cases,
-        "configurations": {},
-        "not_measured": [],
+        "settings": {
+            "seeds": args.seeds,
+            "temperature": 0.7,
+            "max_turns": 10,
+            "limit": args.limit,
+            "curtail": args.curtail,
+        },
     }
-    for key, (name, (planner, prompts, analysis)) in CONFIGS.items():
-        greedy = finished(args.work, key, None, cases)
-        sampled = [finished(args.work, key, seed, cases) for seed in seeds]
-        entry: dict[str, Any] = {
-            "key": key,
-            "planner": planner,
-            "prompts": prompts,
-            "query_analysis": analysis,
-            "per_question": {},
-        }
-        entry["finished"] = {  # the runs resume across sessions: when each one ended
-            folder(args.work, key, seed).name: ended(folder(args.work, key, seed))
-            for seed in [None, *seeds]
-            if finished(args.work, key, seed, cases) is not None
-        }
-        if greedy is not None:
-            entry["greedy"] = summary([greedy], greedy=True)
-            entry["per_question"]["greedy"] = greedy
-        if all(run is not None for run in sampled):
-            runs = [run for run in sampled if run is not None]
-            entry["sampled"] = summary(runs, greedy=False)
-            entry["per_question"]["sampled"] = per_question(runs)
-        result["not_measured"] += [
-            f"{name}, {decoding}" for decoding in ("greedy", "sampled") if decoding not in entry
-        ]
-        result["configurations"][name] = entry
-    configurations = result["configurations"]
-    head = CONFIGS[HEADLINE][0]
-    for decoding in ("greedy", "sampled"):
-        measured = [CONFIGS[k][0] for k in UNTRAINED if decoding in configurations[CONFIGS[k][0]]]
-        if decoding not in configurations[head] or not measured:
-            continue
-        strongest = max(measured, key=lambda name: configurations[name][decoding]["accuracy"])
-        trained = configurations[head]["per_question"][decoding]
-        baseline = configurations[strongest]["per_question"][decoding]
-        result[f"gain_{decoding}"] = {
-            "over": strongest,
-            "untrained_measured": measured,
-            **gain(trained, baseline),
-        }
+    result |= figures(args.work, seeds, cases, curtail=args.curtail)
     write_result(args.out, result)
     for decoding in ("greedy", "sampled"):
         if f"gain_{decoding}" in result:

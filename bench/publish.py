@@ -110,6 +110,12 @@ def learning(name: str) -> str:
         found = figures.get(decoding)
         if found is None:
             return "not measured yet"
+        if "ceiling" in found:  # stopped early: even all the rest right could not pass `below`
+            return (
+                f"at most {found['ceiling']:.1f}% ({found['right']:g} right of "
+                f"{found['questions_run']} run of {found['of']}; stopped below "
+                f"{found['below_accuracy']:.1f}%)"
+            )
         low, high = found["ci95"]
         return f"{found['accuracy']:.1f}% ({low:.1f}-{high:.1f})"
 
@@ -130,7 +136,10 @@ def learning(name: str) -> str:
     lines.append(
         "\nAccuracy is exact match at `flowlearn eval`'s defaults (10 turns, the untrained "
         "engine), with a 95% interval (Wilson's greedy; a bootstrap over questions sampled), "
-        "in percent; a gain's interval is a paired bootstrap over questions; "
+        "in percent; a gain's interval is a paired bootstrap over questions; an untrained "
+        "configuration marked 'at most' was stopped once, with every question left to run "
+        "right, it still could not pass one measured in full (so it cannot be the strongest), "
+        "and its figure is that ceiling; "
         f"{machine(data)}; {finished(data)}; built {data['date'][:10]} at commit "
         f"`{data['commit'][:10]}`."
     )
