@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import random
 import statistics
 import subprocess
@@ -75,17 +76,25 @@ def folder(work: Path, key: str, seed: int | None) -> Path:
     return work / f"{key}-{'greedy' if seed is None else f'seed{seed}'}"
 
 
-def scores(work: Path, key: str, seed: int | None) -> dict[str, float]:
-    """A run's per-question scores so far (empty before it starts; torn lines skipped)."""
+def question_ids(cases: int) -> list[str]:
+    """The ids of the test split's first `cases` questions, the ones `--limit cases` runs."""
+    with TEST_FILE.open() as lines:
+        return [json.loads(line)["id"] for line in lines][:cases]
+
+
+def scores(work: Path, key: str, seed: int | None, cases: int) -> dict[str, float]:
+    """A run's per-question scores so far among the first `cases` questions (empty before it
+    starts; torn lines skipped; questions past `cases`, from a longer run, left out)."""
     results = folder(work, key, seed) / "results.jsonl"
     if not results.is_file():
         return {}
-    return {row.id: float(row.score) for row in read_results(results)}
+    wanted = set(question_ids(cases))
+    return {row.id: float(row.score) for row in read_results(results) if row.id in wanted}
 
 
 def finished(work: Path, key: str, seed: int | None, cases: int) -> dict[str, float] | None:
     """A finished run's per-question scores, or None (absent, or cut short)."""
-    found = scores(work, key, seed)
+    found = scores(work, key, seed, cases)
     return found if len(found) == cases else None
 
 
@@ -121,10 +130,14 @@ def measure(
     untrained configuration measured in full: it cannot be the strongest baseline, whatever
     the rest would show. Returns that configuration and its accuracy.
     """
+    last: list[dict[str, float]] | None = None
     while True:
-        runs = [scores(work, key, seed) for seed in seeds]
+        runs = [scores(work, key, seed, cases) for seed in seeds]
         if all(len(run) == cases for run in runs):
             return None
+        if runs == last:
+            raise SystemExit(f"{CONFIGS[key][0]}: an eval run added no question; see its folder")
+        last = runs
         rival = strongest_other(work, key, seeds, cases) if key in UNTRAINED else None
         if curtail and rival is not None and ceiling(runs, cases) < rival[1]:
             return rival
@@ -153,6 +166,9 @@ def eval_run(work: Path, key: str, seed: int | None, limit: int | None) -> None:
     command += ["--temperature", "0"] if seed is None else ["--temperature", "0.7"]
     command += [] if seed is None else ["--seed", str(seed)]
     command += [] if limit is None else ["--limit", str(limit)]
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "commits.txt").open("a") as log:  # a run may resume on newer code: each part's
+        log.write(f"{provenance('learning.py')['commit']} {time.strftime('%F %T')} {limit}\n")
     began = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     print(f"  {out.name}: {time.perf_counter() - began:.0f} s", flush=True)
@@ -207,6 +223,15 @@ def entry(work: Path, key: str, seeds: list[int], cases: int, curtail: bool) -> 
             if finished(work, key, seed, cases) is not None
         },
     }
+    found["commits"] = sorted(  # the commits its runs' parts ran at (runs resume on newer code;
+        {  # parts run before bench/learning.py kept commits.txt are not listed)
+            line.split()[0]
+            for seed in [None, *seeds]
+            if (folder(work, key, seed) / "commits.txt").is_file()
+            for line in (folder(work, key, seed) / "commits.txt").read_text().splitlines()
+            if line.strip()
+        }
+    )
     for decoding, runs in (("greedy", [None]), ("sampled", [*seeds])):
         done = [finished(work, key, seed, cases) for seed in runs]
         if all(run is not None for run in done):
@@ -214,7 +239,7 @@ def entry(work: Path, key: str, seeds: list[int], cases: int, curtail: bool) -> 
             found[decoding] = summary(complete, greedy=decoding == "greedy")
             found["per_question"][decoding] = per_question(complete)
             continue
-        partial = [scores(work, key, seed) for seed in runs]
+        partial = [scores(work, key, seed, cases) for seed in runs]
         rival = strongest_other(work, key, runs, cases) if key in UNTRAINED else None
         if curtail and rival is not None and ceiling(partial, cases) < rival[1]:
             found[decoding] = {
@@ -228,7 +253,7 @@ def entry(work: Path, key: str, seeds: list[int], cases: int, curtail: bool) -> 
             found["stopped"] = found.get("stopped", {}) | {
                 folder(work, key, seed).name: ended(folder(work, key, seed))
                 for seed in runs
-                if scores(work, key, seed)
+                if scores(work, key, seed, cases)
             }
     return found
 

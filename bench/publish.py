@@ -103,8 +103,14 @@ def learning(name: str) -> str:
             return "not measured yet"
         low, high = found["ci95"]
         points = f"**{found['points']:+.1f} points**"
-        shown = "" if low > 0 else ", an interval that includes no gain"
-        return f"{points} (95% CI {low:+.1f} to {high:+.1f}{shown}) over {found['over']}"
+        shown = "" if low > 0 else ", which includes zero" if high >= 0 else ", wholly below zero"
+        untrained = sum(c["planner"] == "default-base" for c in configurations.values())
+        measured, stopped = found["untrained_measured"], found.get("untrained_stopped", [])
+        left = untrained - len(measured) - len(stopped)
+        counts = f"the strongest of {len(measured)} of {untrained} untrained run in full"
+        counts += f"; {len(stopped)} cannot pass it" if stopped else ""
+        counts += f"; {left} not run yet" if left else ""
+        return f"{points} (95% CI {low:+.1f} to {high:+.1f}{shown}) over {found['over']} ({counts})"
 
     def cell(figures: dict[str, Any], decoding: str) -> str:
         found = figures.get(decoding)
@@ -112,8 +118,8 @@ def learning(name: str) -> str:
             return "not measured yet"
         if "ceiling" in found:  # stopped early: even all the rest right could not pass `below`
             return (
-                f"at most {found['ceiling']:.1f}% ({found['right']:g} right of "
-                f"{found['questions_run']} run of {found['of']}; stopped below "
+                f"at most {found['ceiling']:.1f}% ({found['right']:g} right in "
+                f"{found['questions_run']} of {found['of']} run; cannot pass "
                 f"{found['below_accuracy']:.1f}%)"
             )
         low, high = found["ci95"]
@@ -122,7 +128,7 @@ def learning(name: str) -> str:
     lines = [
         f"On the tool task's test split ({data['cases']} questions no tuning read, "
         f"`{data['split']['file']}`, SHA-256 `{data['split']['sha256'][:12]}`), the shipped "
-        f"planner at its defaults against the strongest untrained configuration measured: "
+        f"planner at its defaults against the strongest untrained configuration: "
         f"greedy {gain('greedy')}; sampled at T={temperature}, mean of {seeds} seeds, "
         f"{gain('sampled')}. The strongest baseline is picked on this split after the fact, "
         "which favours the baseline.",
@@ -137,9 +143,9 @@ def learning(name: str) -> str:
         "\nAccuracy is exact match at `flowlearn eval`'s defaults (10 turns, the untrained "
         "engine), with a 95% interval (Wilson's greedy; a bootstrap over questions sampled), "
         "in percent; a gain's interval is a paired bootstrap over questions; an untrained "
-        "configuration marked 'at most' was stopped once, with every question left to run "
-        "right, it still could not pass one measured in full (so it cannot be the strongest), "
-        "and its figure is that ceiling; "
+        "configuration marked 'at most' ran only some of its questions, and even with every "
+        "question left right it could not pass one run in full, so it cannot be the strongest: "
+        "its figure is that ceiling; "
         f"{machine(data)}; {finished(data)}; built {data['date'][:10]} at commit "
         f"`{data['commit'][:10]}`."
     )

@@ -38,7 +38,7 @@ def stand_in(
         calls.append((key, seed, limit))
         results = learning.folder(work, key, seed) / "results.jsonl"
         results.parent.mkdir(parents=True, exist_ok=True)
-        done = learning.scores(work, key, seed)
+        done = learning.scores(work, key, seed, CASES)
         with results.open("a") as file:
             for i in range(limit or CASES):
                 if f"q{i}" not in done:
@@ -47,6 +47,7 @@ def stand_in(
                     file.write(json.dumps(row) + "\n")
 
     monkeypatch.setattr(learning, "eval_run", eval_run)
+    monkeypatch.setattr(learning, "question_ids", lambda cases: [f"q{i}" for i in range(cases)])
 
 
 def test_the_ceiling_counts_every_question_not_yet_run_as_right() -> None:
@@ -115,3 +116,22 @@ def test_a_configuration_that_could_still_pass_runs_to_the_end(
     assert result["configurations"][learning.CONFIGS["base-smollm2-on"][0]]["greedy"][
         "accuracy"
     ] == pytest.approx(50.0)
+
+
+def test_a_longer_run_counts_its_first_questions_and_a_run_adding_none_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    right = {key: (lambda i: float(i % 2 == 0)) for key in learning.CONFIGS}
+    calls: list[tuple[str, int | None, int | None]] = []
+    stand_in(monkeypatch, tmp_path, right, calls)
+    learning.measure(tmp_path, "base-smollm2-off", [None], CASES, curtail=True)
+    # A smoke run of the first 8 in the same folder: finished, with 4 of its 8 right.
+    assert learning.finished(tmp_path, "base-smollm2-off", None, 8) == {
+        f"q{i}": float(i % 2 == 0) for i in range(8)
+    }
+    assert learning.measure(tmp_path, "base-smollm2-off", [None], 8, curtail=True) is None
+    assert len(calls) == 1
+
+    monkeypatch.setattr(learning, "eval_run", lambda *args: None)  # a run that writes nothing
+    with pytest.raises(SystemExit, match="an eval run added no question"):
+        learning.measure(tmp_path, "base-smollm2-on", [None], CASES, curtail=True)
