@@ -11,6 +11,7 @@ the right tool first is the only best policy.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import AIMessage
+from langgraph.runtime import get_runtime
 
 from fakes import FakeChatModel
 from flowlearn.evals.cases import Case
@@ -227,6 +229,22 @@ def has_needed(question: str, result: str) -> bool:
     return country is not None and f"is the capital of {country.group(1)}" in result
 
 
+def _uniform(rng: random.Random, prompt: str) -> float:
+    """One tool call's uniform draw. In a seeded rollout, a hash of the rollout's seed (each
+    rollout of a group has its own) and the call's prompt: a rerun draws alike whatever order
+    the rollout threads reach the engine in. Unseeded, from `rng`, one stream for all calls.
+    The rollout's seed alone would not do: the prompt was left out once (a hash of the prompt
+    only), and a group's rollouts, asking alike, all failed together and taught nothing."""
+    try:
+        seed = getattr(get_runtime().context, "seed", None)
+    except RuntimeError:  # called outside a graph
+        seed = None
+    if seed is None:
+        return rng.random()
+    digest = hashlib.blake2b(repr((seed, prompt)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
 def scripted_engine(
     *, search_sums: bool = False, skip_failed: bool = False, fail_share: float = 0.0, seed: int = 0
 ) -> FakeChatModel:
@@ -237,8 +255,9 @@ def scripted_engine(
     which no passage matches: the result says so, as python's 'unknown' does for a capital,
     instead of listing capitals. With `skip_failed`, the answer comes from the memory's last
     result that found something (`FAILED_RESULTS`), as a generator reading the whole memory
-    would. With `fail_share`, that share of tool calls (drawn from `seed`) find nothing, as
-    calls to a flaky service would: python prints 'unknown', a search is for 'unknown'.
+    would. With `fail_share`, that share of tool calls find nothing, as calls to a flaky
+    service would: python prints 'unknown', a search is for 'unknown'. Which ones is drawn
+    from the rollout's seed and the call (`_uniform`), else from `seed`.
     """
     rng = random.Random(seed)
 
@@ -249,7 +268,7 @@ def scripted_engine(
         if tools:
             name = tools[0]["name"]
             sums = re.findall(r"(\d+) \+ (\d+)", text)
-            failed = fail_share and rng.random() < fail_share  # a call that finds nothing
+            failed = fail_share and _uniform(rng, prompt) < fail_share  # a call finding nothing
             if failed:
                 args = {"code": "print('unknown')"} if name == "python" else {"query": "unknown"}
             elif name == "python":
