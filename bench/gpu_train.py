@@ -2,8 +2,12 @@
 
 Run: `python bench/gpu_train.py` on a machine with one CUDA GPU (`--tiny` runs a small model on
 CPU, to check the script itself, and writes bench/results/gpu_train_cpu_small.txt). At its
-defaults (2 steps, the second measured; 128 tokens a call; 8 flows in the rollout bench) it
-takes about 4 minutes on one H200. The arms run in order of importance (Flow-GRPO step, TRL's
+defaults (4 steps, the first a warm-up and the other 3 timed; 128 tokens a call; 8 flows in
+the rollout bench) it takes about 6 minutes on one H200 (4 at the 2 steps it took before). Each
+trainer arm is one training run whose timed steps are its repeats; the ratio is the median of
+the step-by-step ratios (step i of the flow over step i of TRL), with their range. The arms are
+not alternated: each is a whole trainer, and running each twice would double a GPU budget of
+minutes. The arms run in order of importance (Flow-GRPO step, TRL's
 step, the rollout bench, the bf16 check) and the JSON is rewritten as each arm ends, so a
 timeout keeps the figures of the arms that finished. Prompts: AgentFlow's
 (`AGENTFLOW_PROMPTS`); the stock arm's are the flow arm's first-turn planner prompts (each
@@ -126,6 +130,9 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
     total = time.perf_counter() - start
     records = read_metrics(out / "flow" / "metrics.jsonl")
     records = records[1:] or records  # the first step warms up
+    per_step = [
+        r["flow/tokens"] / (r["flow/rollout_seconds"] + r["flow/update_seconds"]) for r in records
+    ]
     rollout = statistics.mean(r["flow/rollout_seconds"] for r in records)
     update = statistics.mean(r["flow/update_seconds"] for r in records)
     tokens = statistics.mean(r["flow/tokens"] for r in records)
@@ -139,6 +146,7 @@ def run_flow(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: P
         "update_seconds_per_step": update,
         "completion_tokens_per_step": tokens,
         "completion_tokens_per_second": tokens / (rollout + update),
+        "completion_tokens_per_second_per_step": per_step,
         "peak_memory_gib": peak_gib(cuda),
     }
 
@@ -193,6 +201,9 @@ def run_stock(args: argparse.Namespace, tok: Any, device: str, dtype: Any, out: 
         "seconds_per_step": step,
         "completion_tokens_per_step": statistics.mean(lengths) * rows_a_step,
         "completion_tokens_per_second": statistics.mean(lengths) * rows_a_step / step,
+        "completion_tokens_per_second_per_step": [
+            length * rows_a_step / seconds for length, seconds in zip(lengths, times, strict=True)
+        ],
         "peak_memory_gib": peak_gib(cuda),
     }
 
@@ -238,7 +249,9 @@ def save(result: dict[str, Any], target: Path, cuda: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="small model on CPU (script check)")
-    parser.add_argument("--steps", type=int, default=2, help="steps; the first warms up (2)")
+    parser.add_argument(
+        "--steps", type=int, default=4, help="steps; the first warms up, the rest are timed (4)"
+    )
     parser.add_argument("--questions", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--turns", type=int, default=2)
@@ -263,6 +276,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/flowlearn-gpu-train"))
     parser.add_argument("--results", type=Path, help="JSON path (bench/results/gpu_train.json)")
     args = parser.parse_args()
+    if args.steps < 4 and not args.tiny:
+        parser.error("--steps must be >= 4: a warm-up step, then at least 3 timed")
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda and not args.tiny:
         raise SystemExit("no CUDA device: run on a GPU machine, or pass --tiny to check on CPU")
@@ -311,9 +326,16 @@ def main() -> None:
             if "flow_grpo" in result and "trl_grpo" in result and name == "trl_grpo":
                 flow, stock = result["flow_grpo"], result["trl_grpo"]
                 if "error" not in flow and "error" not in stock:
-                    result["tokens_per_second_ratio_flow_over_stock"] = (
-                        flow["completion_tokens_per_second"] / stock["completion_tokens_per_second"]
-                    )
+                    pairs = [
+                        a / b
+                        for a, b in zip(
+                            flow["completion_tokens_per_second_per_step"],
+                            stock["completion_tokens_per_second_per_step"],
+                            strict=False,
+                        )
+                    ]
+                    result["tokens_per_second_ratio_flow_over_stock"] = statistics.median(pairs)
+                    result["tokens_per_second_ratio_pairs"] = pairs
             save(result, target, cuda)
             print(json.dumps({name: result[name]}, indent=2, default=str), flush=True)
             print(f"[{time.perf_counter() - began:6.0f} s] {name} done; wrote {target}", flush=True)
@@ -321,7 +343,11 @@ def main() -> None:
         result["seconds_total"] = time.perf_counter() - began
         save(result, target, cuda)
     ratio = result.get("tokens_per_second_ratio_flow_over_stock")
-    print(f"wrote {target}; flow_over_stock_tokens_per_second={ratio}")
+    pairs = result.get("tokens_per_second_ratio_pairs") or [float("nan")]
+    print(
+        f"wrote {target}; flow_over_stock_tokens_per_second={ratio} pairs={len(pairs)} "
+        f"range={min(pairs):.3g}-{max(pairs):.3g}"
+    )
 
 
 ARMS = ("flow_grpo", "trl_grpo", "rollouts_batched_vs_sequential", "bf16_weights_move")

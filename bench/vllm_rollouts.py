@@ -14,15 +14,19 @@ Run, with a server up (`vllm serve MODEL --logprobs-mode processed_logprobs`):
 2. Raw arm: the same prompt ids sent straight to `/v1/completions`, all at once (up to
    `--raw-concurrency`), each asked for exactly as many tokens as its flow call produced
    (`min_tokens` = `max_tokens`, `ignore_eos`): the same work, at the server's pace.
-3. Prints completion tokens per second of both arms and the ratio flows / raw (1.0 is the
-   limit), and writes them as JSON (`--out`). `--dry-run` prints the plan, contacting nothing.
-   `--model` may name a loaded LoRA adapter, to measure the adapter training samples from.
+3. Both arms run once untimed (a warm-up), then `--repeats` (3) times in alternating order; a
+   raw run replays the calls of the newest flows run. Prints completion tokens per second of
+   both arms and the median ratio flows / raw (1.0 is the limit) with the range of the pair
+   ratios, and writes every repeat as JSON (`--out`) with the commit, command and machine.
+   `--dry-run` prints the plan, contacting nothing. `--model` may name a loaded LoRA adapter,
+   to measure the adapter training samples from.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,9 +52,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--raw-concurrency", type=int, default=256, help="raw requests at once")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take")
+    parser.add_argument("--repeats", type=int, default=3, help="timed pairs after a warm-up (3)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     args = parser.parse_args(argv)
+    if args.repeats < 3:
+        parser.error("--repeats must be >= 3: a figure is the median of at least 3 pairs")
     for name in ("flows", "max_turns", "max_new_tokens", "raw_concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -171,26 +178,41 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(plan["tokenizer"])
-    flow_seconds, calls = flows_arm(args, tokenizer)
-    raw_seconds, raw_tokens = raw_arm(args, calls)
-    flow_tokens = sum(call["tokens"] for call in calls)
-    flow_rate, raw_rate = flow_tokens / flow_seconds, raw_tokens / raw_seconds
+    sys.path.insert(0, str(Path(__file__).parent))
+    from measure import alternate, figure_line, provenance, ratios, spread
+
+    newest: dict[str, Any] = {}
+    runs: list[dict[str, Any]] = []
+
+    def flows() -> float:
+        seconds, calls = flows_arm(args, tokenizer)
+        newest["calls"] = calls
+        tokens = sum(call["tokens"] for call in calls)
+        runs.append({"arm": "flows", "seconds": seconds, "tokens": tokens, "calls": len(calls)})
+        return tokens / seconds
+
+    def raw() -> float:
+        seconds, tokens = raw_arm(args, newest["calls"])
+        runs.append({"arm": "raw", "seconds": seconds, "tokens": tokens})
+        return tokens / seconds
+
+    rates = alternate({"flows": flows, "raw": raw}, args.repeats)
+    pairs = ratios(rates["flows"], rates["raw"])
     result = {
+        **provenance("vllm_rollouts.py", argv),
         **plan,
-        "planner_calls": len(calls),
-        "flow_seconds": round(flow_seconds, 3),
-        "flow_tokens": flow_tokens,
-        "flow_tokens_per_s": round(flow_rate, 1),
-        "raw_seconds": round(raw_seconds, 3),
-        "raw_tokens": raw_tokens,
-        "raw_tokens_per_s": round(raw_rate, 1),
-        "ratio": round(flow_rate / raw_rate, 3),
+        "repeats": args.repeats,
+        "flow_tokens_per_s": spread(rates["flows"]),
+        "raw_tokens_per_s": spread(rates["raw"]),
+        "ratio": pairs,
+        "runs": runs,  # the warm-up pair first
     }
     print(
-        f"{args.flows} flows: {flow_rate:.1f} planner tokens/s ({len(calls)} calls); raw "
-        f"generation of the same prompts: {raw_rate:.1f} tokens/s; ratio {result['ratio']:.2f} "
-        "(1.0 is the server's limit)"
+        f"{args.flows} flows: {statistics.median(rates['flows']):.1f} planner tokens/s; raw "
+        f"generation of the same prompts: {statistics.median(rates['raw']):.1f} tokens/s "
+        "(medians; 1.0 is the server's limit)"
     )
+    print(figure_line("flows_over_raw_tokens_per_second", pairs))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

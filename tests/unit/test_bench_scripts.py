@@ -67,6 +67,7 @@ def test_the_gpu_training_bench_runs_every_arm_on_cpu(tmp_path: Path) -> None:
     for arm in ("flow_grpo", "trl_grpo", "rollouts_batched_vs_sequential", "bf16_weights_move"):
         assert "error" not in report[arm] and report[arm]["arm_seconds"] > 0, report[arm]
     assert report["tokens_per_second_ratio_flow_over_stock"] > 0
+    assert len(report["tokens_per_second_ratio_pairs"]) == 1  # one step each, the warm-up's
     # the stock arm generated from the flow's own first-turn planner prompts, not a shorter one
     # every engine call of the rollout bench ran to --rollout-tokens at most, not its role's budget
     spent = report["rollouts_batched_vs_sequential"]["engine_budgets_spent"]
