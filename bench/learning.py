@@ -148,6 +148,12 @@ def measure(
                 eval_run(work, key, seed, min(step, cases))
 
 
+def commits_file(run: Path) -> Path:
+    """Where the commits a run's parts ran at are kept: beside its folder, which `flowlearn
+    eval` keeps for its own files."""
+    return run.with_name(run.name + ".commits.txt")
+
+
 def ended(run: Path) -> str:
     """When a finished run wrote its last result (its results file's modification time)."""
     stamp = (run / "results.jsonl").stat().st_mtime
@@ -166,8 +172,8 @@ def eval_run(work: Path, key: str, seed: int | None, limit: int | None) -> None:
     command += ["--temperature", "0"] if seed is None else ["--temperature", "0.7"]
     command += [] if seed is None else ["--seed", str(seed)]
     command += [] if limit is None else ["--limit", str(limit)]
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "commits.txt").open("a") as log:  # a run may resume on newer code: each part's
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with commits_file(out).open("a") as log:  # a run may resume on newer code: each part's
         log.write(f"{provenance('learning.py')['commit']} {time.strftime('%F %T')} {limit}\n")
     began = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -227,8 +233,8 @@ def entry(work: Path, key: str, seeds: list[int], cases: int, curtail: bool) -> 
         {  # parts run before bench/learning.py kept commits.txt are not listed)
             line.split()[0]
             for seed in [None, *seeds]
-            if (folder(work, key, seed) / "commits.txt").is_file()
-            for line in (folder(work, key, seed) / "commits.txt").read_text().splitlines()
+            if commits_file(folder(work, key, seed)).is_file()
+            for line in commits_file(folder(work, key, seed)).read_text().splitlines()
             if line.strip()
         }
     )
