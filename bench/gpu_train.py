@@ -246,6 +246,19 @@ def save(result: dict[str, Any], target: Path, cuda: bool) -> None:
     partial.replace(target)
 
 
+def step_ratios(flow: dict[str, Any], stock: dict[str, Any]) -> dict[str, Any]:
+    """The flow's tokens per second over TRL's, step i against step i: their median and all of
+    them (nothing when an arm failed or was skipped)."""
+    key = "completion_tokens_per_second_per_step"
+    if key not in flow or key not in stock:
+        return {}
+    pairs = [a / b for a, b in zip(flow[key], stock[key], strict=False)]
+    return {
+        "tokens_per_second_ratio_flow_over_stock": statistics.median(pairs),
+        "tokens_per_second_ratio_pairs": pairs,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="small model on CPU (script check)")
@@ -323,19 +336,8 @@ def main() -> None:
             except Exception as exc:  # one arm failing must not cost the others' figures
                 result[name] = {"error": f"{type(exc).__name__}: {exc}"}
             result[name]["arm_seconds"] = time.perf_counter() - arm_began
-            if "flow_grpo" in result and "trl_grpo" in result and name == "trl_grpo":
-                flow, stock = result["flow_grpo"], result["trl_grpo"]
-                if "error" not in flow and "error" not in stock:
-                    pairs = [
-                        a / b
-                        for a, b in zip(
-                            flow["completion_tokens_per_second_per_step"],
-                            stock["completion_tokens_per_second_per_step"],
-                            strict=False,
-                        )
-                    ]
-                    result["tokens_per_second_ratio_flow_over_stock"] = statistics.median(pairs)
-                    result["tokens_per_second_ratio_pairs"] = pairs
+            if name == "trl_grpo":
+                result |= step_ratios(result.get("flow_grpo", {}), result["trl_grpo"])
             save(result, target, cuda)
             print(json.dumps({name: result[name]}, indent=2, default=str), flush=True)
             print(f"[{time.perf_counter() - began:6.0f} s] {name} done; wrote {target}", flush=True)
