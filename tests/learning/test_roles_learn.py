@@ -446,7 +446,7 @@ def test_planner_and_verifier_adapters_learn_together_from_one_outcome(tmp_path:
     # result). With each failed call drawn from its rollout's seed (not a shared stream), seed 0
     # twice (2026-12-08, beside an eval): 80 steps each, the same held-out figures (STOP 0.00 ->
     # 1.00, CONTINUE after a failed call 1.00, after the wrong tool 1.00 -> 0.50); the per-step
-    # curves agreed for 4 steps, then differed by up to 0.10 in reward: a rerun repeats the
+    # curves agreed on steps 2-4, then differed by up to 0.10 in reward: a rerun repeats the
     # outcome, not every step (a remaining source of variation is not yet found).
     # Every verdict kind, each bound beside chance: a random verdict is right half the time.
     # After the wrong tool the bound is chance itself: training stops showing that state once
