@@ -30,6 +30,7 @@ bench/results/learning.json (every run's per-question scores) and the runs under
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import random
@@ -76,10 +77,11 @@ def folder(work: Path, key: str, seed: int | None) -> Path:
     return work / f"{key}-{'greedy' if seed is None else f'seed{seed}'}"
 
 
-def question_ids(cases: int) -> list[str]:
+@functools.cache
+def question_ids(cases: int) -> frozenset[str]:
     """The ids of the test split's first `cases` questions, the ones `--limit cases` runs."""
     with TEST_FILE.open() as lines:
-        return [json.loads(line)["id"] for line in lines][:cases]
+        return frozenset([json.loads(line)["id"] for line in lines][:cases])
 
 
 def scores(work: Path, key: str, seed: int | None, cases: int) -> dict[str, float]:
@@ -88,7 +90,7 @@ def scores(work: Path, key: str, seed: int | None, cases: int) -> dict[str, floa
     results = folder(work, key, seed) / "results.jsonl"
     if not results.is_file():
         return {}
-    wanted = set(question_ids(cases))
+    wanted = question_ids(cases)
     return {row.id: float(row.score) for row in read_results(results) if row.id in wanted}
 
 
@@ -120,6 +122,20 @@ def strongest_other(
     return best
 
 
+def rival_of(
+    work: Path, key: str, seeds: list[int | None], cases: int, curtail: bool
+) -> tuple[str, float] | None:
+    """With `curtail`, the untrained configuration measured in full that `key` must pass to be
+    the strongest baseline (`strongest_other`); None without it, and for the shipped planner,
+    which always runs to the end."""
+    return strongest_other(work, key, seeds, cases) if curtail and key in UNTRAINED else None
+
+
+def cannot_pass(runs: list[dict[str, float]], cases: int, rival: tuple[str, float] | None) -> bool:
+    """Whether `runs` could not pass `rival` even with every question left right."""
+    return rival is not None and ceiling(runs, cases) < rival[1]
+
+
 def measure(
     work: Path, key: str, seeds: list[int | None], cases: int, curtail: bool
 ) -> tuple[str, float] | None:
@@ -138,14 +154,15 @@ def measure(
         if runs == last:
             raise SystemExit(f"{CONFIGS[key][0]}: an eval run added no question; see its folder")
         last = runs
-        rival = strongest_other(work, key, seeds, cases) if key in UNTRAINED else None
-        if curtail and rival is not None and ceiling(runs, cases) < rival[1]:
+        rival = rival_of(work, key, seeds, cases, curtail)
+        if cannot_pass(runs, cases, rival):
             return rival
-        step = cases if not curtail or rival is None else min(len(run) for run in runs) + CHUNK
+        # a chunk more while there is a rival to compare with after it, else to the end
+        limit = cases if rival is None else min(cases, min(map(len, runs)) + CHUNK)
         for seed, run in zip(seeds, runs, strict=True):
-            if len(run) < min(step, cases):
+            if len(run) < limit:
                 print(f"{CONFIGS[key][0]}, {'greedy' if seed is None else f'seed {seed}'} ...")
-                eval_run(work, key, seed, min(step, cases))
+                eval_run(work, key, seed, limit)
 
 
 def commits_file(run: Path) -> Path:
@@ -230,7 +247,7 @@ def entry(work: Path, key: str, seeds: list[int], cases: int, curtail: bool) -> 
         },
     }
     found["commits"] = sorted(  # the commits its runs' parts ran at (runs resume on newer code;
-        {  # parts run before bench/learning.py kept commits.txt are not listed)
+        {  # parts run before bench/learning.py logged them in `commits_file` are not listed)
             line.split()[0]
             for seed in [None, *seeds]
             if commits_file(folder(work, key, seed)).is_file()
@@ -246,8 +263,8 @@ def entry(work: Path, key: str, seeds: list[int], cases: int, curtail: bool) -> 
             found["per_question"][decoding] = per_question(complete)
             continue
         partial = [scores(work, key, seed, cases) for seed in runs]
-        rival = strongest_other(work, key, runs, cases) if key in UNTRAINED else None
-        if curtail and rival is not None and ceiling(partial, cases) < rival[1]:
+        rival = rival_of(work, key, runs, cases, curtail)
+        if rival is not None and cannot_pass(partial, cases, rival):
             found[decoding] = {
                 "ceiling": round(100 * ceiling(partial, cases), 1),
                 "right": round(sum(sum(run.values()) for run in partial), 2),

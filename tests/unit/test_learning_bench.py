@@ -47,7 +47,9 @@ def stand_in(
                     file.write(json.dumps(row) + "\n")
 
     monkeypatch.setattr(learning, "eval_run", eval_run)
-    monkeypatch.setattr(learning, "question_ids", lambda cases: [f"q{i}" for i in range(cases)])
+    monkeypatch.setattr(
+        learning, "question_ids", lambda cases: frozenset(f"q{i}" for i in range(cases))
+    )
 
 
 def test_the_ceiling_counts_every_question_not_yet_run_as_right() -> None:
