@@ -231,10 +231,10 @@ def has_needed(question: str, result: str) -> bool:
 
 def _uniform(rng: random.Random, prompt: str) -> float:
     """One tool call's uniform draw. In a seeded rollout, a hash of the rollout's seed (each
-    rollout of a group has its own) and the call's prompt: a rerun draws alike whatever order
-    the rollout threads reach the engine in. Unseeded, from `rng`, one stream for all calls.
-    The rollout's seed alone would not do: the prompt was left out once (a hash of the prompt
-    only), and a group's rollouts, asking alike, all failed together and taught nothing."""
+    rollout of a group has its own) and the call's prompt (each turn its own draw): a rerun
+    draws alike whatever order the rollout threads reach the engine in. Unseeded, from `rng`,
+    one stream for all calls. A hash of the prompt alone was tried: a group's rollouts, asking
+    alike, then all failed together, and the verifier learned nothing from them."""
     try:
         seed = getattr(get_runtime().context, "seed", None)
     except RuntimeError:  # called outside a graph
