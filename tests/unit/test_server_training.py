@@ -242,6 +242,9 @@ def test_vllm_rollouts_bench_measures_flows_against_raw_generation(
     with pytest.raises(SystemExit):
         bench.main(["--url", "h:1/v1", "--model", "m", "--dry-run"])
     assert "--url must be http(s)://HOST:PORT/v1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--url", "http://h:1/v1", "--model", "m", "--repeats", "2", "--dry-run"])
+    assert "--repeats must be >= 3" in capsys.readouterr().err
     out = tmp_path / "bench.json"
     with stand_in_server(vllm) as server:
         argv = ["--url", f"{server.url}/v1", "--model", "base", "--tokenizer", str(tiny_model_dir)]
